@@ -1,0 +1,1 @@
+"""Turns a trained checkpoint into a model-repository entry (TorchScript / ONNX graphs + manifest)."""

@@ -1,0 +1,199 @@
+"""Servable -> model-repository entry: ``<out>/<name>/<version>/``.
+
+An entry holds, for every graph of the servable:
+
+- ``<graph>.onnx`` (checked with ``onnx.checker``, loaded once by ONNX Runtime
+  with full graph optimization) and/or ``<graph>.ts`` (TorchScript, traced);
+- ``manifest.json``: task, family, version, source checkpoint hash, serving
+  settings, every graph's input/output names, dtypes, shapes and dynamic
+  axes, and the state spec;
+- ``initial_state.safetensors``: ``init_state(1)`` (learned initial memory, zeros, ...);
+- ``assets/`` (tokenizer, ...), and ``checkpoint/`` (the source checkpoint,
+  so the eager backend can rebuild the model without the training data).
+
+The service discovers models from this folder alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import json
+import logging
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
+from models.segment import TensorSpec
+from models.servable import Graph, Servable, build_servable
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("onnx", "torchscript")
+MANIFEST_FILE = "manifest.json"
+ONNX_OPSET = 18  # for the tracing exporter; the dynamo exporter picks its own
+INITIAL_STATE_FILE = "initial_state.safetensors"  # init_state(1), batch axis of 1
+MANIFEST_SCHEMA = 1
+
+
+def graph_files(graph_name: str) -> dict[str, str]:
+    return {"onnx": f"{graph_name}.onnx", "torchscript": f"{graph_name}.ts"}
+
+
+def dynamic_shapes(graph: Graph) -> tuple[Any, ...]:
+    """``torch.export`` dynamic shapes from the graph's symbolic axes, shaped like ``forward``'s signature."""
+    per_input = [
+        {axis: torch.export.Dim.DYNAMIC for axis, size in enumerate(spec.shape) if isinstance(size, str)} or None
+        for spec in graph.inputs
+    ]
+    shapes: list[Any] = []
+    index = 0
+    for parameter in inspect.signature(graph.module.forward).parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            shapes.append(tuple(per_input[index:]))
+            index = len(per_input)
+        else:
+            shapes.append(per_input[index])
+            index += 1
+    return tuple(shapes)
+
+
+def export_onnx(graph: Graph, path: Path, fp16: bool = False) -> None:
+    import onnx
+
+    generator = torch.Generator().manual_seed(0)
+    sample = graph.sample_inputs(2, generator)
+    names = {"input_names": [spec.name for spec in graph.inputs], "output_names": [spec.name for spec in graph.outputs]}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if graph.onnx_exporter == "dynamo":
+            program = torch.onnx.export(
+                graph.module, sample, dynamic_shapes=dynamic_shapes(graph), dynamo=True, verbose=False, **names
+            )
+            assert program is not None
+            program.save(str(path))
+        else:  # the tracing exporter, for graphs torch.export cannot take yet
+            torch.onnx.export(
+                graph.module, sample, str(path), dynamic_axes=graph.dynamic_axes(), dynamo=False,
+                opset_version=ONNX_OPSET, **names,
+            )
+    model = onnx.load(str(path))
+    if fp16:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        model = convert_float_to_float16(model, keep_io_types=False)
+        onnx.save(model, str(path))
+    onnx.checker.check_model(model, full_check=True)
+
+
+def export_torchscript(graph: Graph, path: Path) -> None:
+    generator = torch.Generator().manual_seed(0)
+    sample = graph.sample_inputs(2, generator)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript; still supported
+        traced = torch.jit.trace(graph.module, sample, check_trace=False)
+        traced.save(str(path))
+
+
+def _check_onnxruntime_loads(path: Path) -> list[str]:
+    from service.runtime.backends import onnx_session
+
+    return onnx_session(path).get_providers()
+
+
+def export_servable(
+    servable: Servable,
+    checkpoint_folder: Path,
+    out: Path,
+    formats: tuple[str, ...] = FORMATS,
+    version: str = "1",
+    fp16: bool = False,
+) -> Path:
+    """Write the repository entry of ``servable``; returns its folder."""
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise ValueError(f"unknown export formats {sorted(unknown)}; choose from {FORMATS}")
+    if fp16 and set(formats) != {"onnx"}:
+        raise ValueError("fp16 is an ONNX option for GPU serving: export it with --format onnx")
+
+    def spec_dict(spec: TensorSpec) -> dict[str, Any]:
+        """fp16 graphs take and return float16 wherever the fp32 graph has float32 (state included)."""
+        document = spec.as_dict()
+        if fp16 and document["dtype"] == "float32":
+            document["dtype"] = "float16"
+        return document
+    entry = out / servable.name / version
+    if entry.exists():
+        shutil.rmtree(entry)
+    entry.mkdir(parents=True)
+    graphs: list[dict[str, Any]] = []
+    for graph in servable.graphs:
+        files = graph_files(graph.name)
+        written = {}
+        if "onnx" in formats:
+            export_onnx(graph, entry / files["onnx"], fp16=fp16)
+            _check_onnxruntime_loads(entry / files["onnx"])
+            written["onnx"] = files["onnx"]
+        if "torchscript" in formats:
+            export_torchscript(graph, entry / files["torchscript"])
+            written["torchscript"] = files["torchscript"]
+        graphs.append(
+            {
+                "name": graph.name,
+                "files": written,
+                "inputs": [spec_dict(spec) for spec in graph.inputs],
+                "outputs": [spec_dict(spec) for spec in graph.outputs],
+                "dynamic_axes": {k: {str(a): n for a, n in v.items()} for k, v in graph.dynamic_axes().items() if v},
+                "state_outputs": graph.state_outputs,
+                "onnx_exporter": graph.onnx_exporter if "onnx" in written else None,
+            }
+        )
+    assets = {}
+    if servable.assets:
+        (entry / "assets").mkdir()
+        for key, source in servable.assets.items():
+            shutil.copy2(source, entry / "assets" / Path(source).name)
+            assets[key] = f"assets/{Path(source).name}"
+    initial = {name: tensor.detach().contiguous() for name, tensor in servable.init_state().items()}
+    if fp16:
+        initial = {name: t.half() if t.dtype == torch.float32 else t for name, t in initial.items()}
+    save_file(initial, str(entry / INITIAL_STATE_FILE))
+    (entry / "checkpoint").mkdir()
+    for file_name in (CONFIG_FILE, WEIGHTS_FILE):
+        shutil.copy2(checkpoint_folder / file_name, entry / "checkpoint" / file_name)
+    manifest = {
+        "schema": MANIFEST_SCHEMA,
+        "name": servable.name,
+        "version": version,
+        "task": servable.task,
+        "family": servable.family,
+        "precision": "fp16" if fp16 else "fp32",
+        "source_checkpoint_sha256": load_checkpoint(checkpoint_folder).sha256(),
+        "exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "torch_version": torch.__version__,
+        "settings": servable.settings,
+        "state_spec": [spec_dict(spec) for spec in servable.state_spec],
+        "graphs": graphs,
+        "assets": assets,
+    }
+    (entry / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    return entry
+
+
+def export_checkpoint(
+    checkpoint_folder: str | Path,
+    out: str | Path,
+    formats: tuple[str, ...] = FORMATS,
+    name: str | None = None,
+    version: str = "1",
+    fp16: bool = False,
+) -> Path:
+    checkpoint_folder = Path(checkpoint_folder)
+    servable = build_servable(checkpoint_folder, name=name)
+    return export_servable(servable, checkpoint_folder, Path(out), formats, version, fp16)

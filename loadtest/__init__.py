@@ -1,0 +1,1 @@
+"""Load tests (locust) against a running rtserve."""

@@ -1,0 +1,162 @@
+"""What export and the eager backend see of a trained model: named step graphs.
+
+A ``Servable`` is a trained model cut into the graphs the service runs, each a
+module whose ``forward`` takes and returns positional tensors with the names,
+dtypes and shapes of its ``TensorSpec``s (axis 0 is always the batch). State
+tensors are plain inputs and outputs, so sessions can be stacked into one
+batch and stored between steps. Graph inputs named in ``state_outputs`` are
+state: the step returns their next value under the mapped output name.
+
+``build_servable(folder)`` dispatches on the checkpoint's family.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from models.checkpoint import Checkpoint, load_checkpoint
+from models.segment import TensorSpec
+
+# family -> "module:function" that turns a Checkpoint into a Servable
+ADAPTERS: dict[str, str] = {
+    "rsa": "models.servable:forecast_servable",
+    "rtransformer": "models.servable:forecast_servable",
+    "vanilla": "models.servable:forecast_servable",
+    "linear": "models.servable:forecast_servable",
+    "rmt": "models.rmt_servable:rmt_servable",
+    "srformer": "models.srformer_servable:srformer_servable",
+}
+
+
+@dataclass
+class Graph:
+    name: str  # "step", "encode_window", "decode_step" ...
+    module: nn.Module  # forward(*inputs) -> tuple of outputs, in spec order
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    sample_inputs: Callable[[int, torch.Generator], tuple[torch.Tensor, ...]]  # fresh random inputs, batch b
+    state_outputs: dict[str, str] = field(default_factory=dict)  # state input name -> its next-value output
+    onnx_exporter: str = "dynamo"  # "dynamo" (torch.export) or "torchscript" (the tracing exporter)
+
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        """Symbolic axes of every input and output, as ``torch.onnx.export`` wants them."""
+        return {
+            spec.name: {axis: size for axis, size in enumerate(spec.shape) if isinstance(size, str)}
+            for spec in [*self.inputs, *self.outputs]
+        }
+
+
+@dataclass
+class Servable:
+    name: str  # model name in the repository, e.g. "rsa-etth1-h24"
+    task: str  # "forecast" | "classify" | "summarize"
+    family: str
+    graphs: list[Graph]
+    state_spec: list[TensorSpec]
+    settings: dict[str, Any]  # serving settings: segment length, look-back, labels, variables ...
+    assets: dict[str, Path] = field(default_factory=dict)  # files copied into the entry (tokenizer.json)
+    initial_state: dict[str, torch.Tensor] = field(default_factory=dict)  # init_state(1); zeros where absent
+
+    def init_state(self) -> dict[str, torch.Tensor]:
+        """``init_state(1)``: the learned initial values where the model has them, zeros elsewhere."""
+        state = {}
+        for spec in self.state_spec:
+            if spec.name in self.initial_state:
+                state[spec.name] = self.initial_state[spec.name]
+            else:
+                shape = [1 if axis == "batch" else (0 if isinstance(axis, str) else axis) for axis in spec.shape]
+                state[spec.name] = torch.zeros(shape, dtype=getattr(torch, spec.dtype))
+        return state
+
+    def graph(self, name: str) -> Graph:
+        for graph in self.graphs:
+            if graph.name == name:
+                return graph
+        raise KeyError(f"{self.name} has no graph {name!r}; it has {[g.name for g in self.graphs]}")
+
+
+def build_servable(folder: str | Path, name: str | None = None) -> Servable:
+    """The servable of a checkpoint folder, its modules in eval mode."""
+    checkpoint = load_checkpoint(folder)
+    if checkpoint.family not in ADAPTERS:
+        raise ValueError(f"no serving adapter for family {checkpoint.family!r}; known: {sorted(ADAPTERS)}")
+    module_name, function_name = ADAPTERS[checkpoint.family].split(":")
+    adapter = getattr(importlib.import_module(module_name), function_name)
+    servable: Servable = adapter(checkpoint)
+    servable.name = name or checkpoint.extras.get("name") or Path(folder).resolve().name
+    for graph in servable.graphs:
+        graph.module.eval()
+    return servable
+
+
+# ---------------------------------------------------------------------------------------------
+# Forecasters (RSA, R-Transformer, vanilla, linear): one graph, the ForecastStream step.
+
+
+class ForecastStep(nn.Module):
+    """(window, rows_seen, values) -> (window', rows_seen', forecast, ready)."""
+
+    def __init__(self, stream: nn.Module) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def forward(
+        self, window: torch.Tensor, rows_seen: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        state, output = self.stream.step({"window": window, "rows_seen": rows_seen}, {"values": values})
+        return state["window"], state["rows_seen"], output["forecast"], output["ready"]
+
+
+def forecast_servable(checkpoint: Checkpoint) -> Servable:
+    from models.train_forecaster import load_stream
+
+    assert checkpoint.folder is not None
+    stream = load_stream(checkpoint.folder)
+    lookback, horizon, n_vars = stream.lookback, stream.horizon, stream.n_vars
+    scaler = checkpoint.extras["scaler"]
+
+    def sample_inputs(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        mean = torch.tensor(scaler["mean"], dtype=torch.float32)
+        std = torch.tensor(scaler["std"], dtype=torch.float32)
+        window = torch.randn(batch, lookback, n_vars, generator=generator) * std + mean
+        rows_seen = torch.randint(0, 3 * lookback, (batch,), generator=generator)
+        length = int(torch.randint(2, lookback + 8, (1,), generator=generator))  # >= 2: no 0/1 specialization
+        values = torch.randn(batch, length, n_vars, generator=generator) * std + mean
+        return window, rows_seen, values
+
+    window_spec = TensorSpec("window", "float32", ("batch", lookback, n_vars))
+    rows_spec = TensorSpec("rows_seen", "int64", ("batch",))
+    graph = Graph(
+        name="step",
+        module=ForecastStep(stream),
+        inputs=[window_spec, rows_spec, TensorSpec("values", "float32", ("batch", "rows", n_vars))],
+        outputs=[
+            TensorSpec("next_window", "float32", ("batch", lookback, n_vars)),
+            TensorSpec("next_rows_seen", "int64", ("batch",)),
+            TensorSpec("forecast", "float32", ("batch", horizon, n_vars)),
+            TensorSpec("ready", "bool", ("batch",)),
+        ],
+        sample_inputs=sample_inputs,
+        state_outputs={"window": "next_window", "rows_seen": "next_rows_seen"},
+    )
+    return Servable(
+        name="",
+        task="forecast",
+        family=checkpoint.family,
+        graphs=[graph],
+        state_spec=[window_spec, rows_spec],
+        settings={
+            "lookback": lookback,
+            "horizon": horizon,
+            "variables": list(checkpoint.extras.get("variables", [f"x{i}" for i in range(n_vars)])),
+            "scaler": scaler,
+            "metrics": checkpoint.extras.get("metrics", {}),
+        },
+    )

@@ -1,0 +1,802 @@
+"""SRformer: a summarizer whose decoder cross-attention is segmented + recurrent.
+
+References
+- Long, Chowdhury, Roy, "Segmented Recurrent Transformer: An Efficient
+  Sequence-to-Sequence Model" (../shared/papers/srformer-segmented-recurrent-transformer.txt):
+  segmented attention Eq. (4), (6); O = O_S + O_R Eq. (11); recurrent attention
+  O_R ~ Q_t RAF(K_R'V_R) / norm(K) Eq. (13); P_i = K'V - K_Si'V_Si Eq. (16);
+  RAF neurons Sec. 3.3; one decoder step Algorithm 1; masks App. A.3.
+- Encoder: the frozen pip-installed MiniLM-L6 (models/minilm.py), run window by
+  window (each window its own [CLS] ... [SEP] input of at most 512 positions).
+
+Three cross-attention modes share one decoder (``SRformerConfig.cross_attention``):
+- ``full``: softmax attention over every encoder position (baseline).
+- ``segmented``: the query at step t reads only segment i = min(t*m // q, m-1)
+  of the encoder keys (s positions), m = ceil(k/s) segments of the k valid keys.
+- ``srformer``: segmented attention plus recurrent attention over the other
+  segments through a RAF neuron, Eq. (11).
+
+q, the summary length that fixes the segment schedule, is per document:
+``q = ceil(summary_ratio * k)`` (BBC summaries are 0.45 of their article in
+WordPiece tokens, 5th-95th percentile 0.36-0.53), or a fixed
+``summary_length`` when that is > 0.
+
+Output vocabulary: logits are taken over a per-document list of candidate ids
+(``vocab_ids``). For extractive news summaries this is the set of source token
+ids plus [SEP] (every summary token of the BBC train split occurs in its
+article); ``output_vocab="full"`` uses all of WordPiece. The word embeddings are
+MiniLM's (frozen, not stored in checkpoints) and are tied to the output layer.
+
+Copying (all modes alike): a pointer over the last layer's cross-attention
+weights - the attended segment in the segmented/SRformer modes - is mixed with
+the vocabulary (``copy``); keys also carry the previous source token's
+embedding and values the token's own (``token_features``); and the attention
+score gets a learned per-head bonus where the source continues the summary's
+last one or two tokens (``copy_bias``, a score bias segmented with its keys
+like App. A.3's b_Si; it does not enter the recurrent part).
+``recurrent_gate`` weights O_R by a per-head scalar learned from 0 (Eq. 10's
+trainable weighting) instead of the plain sum of Eq. (11).
+
+Serving (segment-model contract, DESIGN.md): :class:`SummarizerStream` reads a
+document as UTF-8 text pieces of any size. Its state holds the undecoded bytes,
+the tokens of the open encoder window, and - append-only - the source ids, the
+per-layer cross-attention keys/values of every closed window and the running
+K'V and sum(K^2) accumulators. ``readout`` closes the last window and decodes.
+The decoder step (:meth:`SRformer.step`) is a pure tensor function: caches and
+RAF state in, logits and caches out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.segment import State, TensorSpec
+
+MODES = ("full", "segmented", "srformer")
+NEG = -1e30  # additive mask value (finite: a fully masked row stays finite)
+
+
+@dataclass
+class SRformerConfig:
+    cross_attention: str = "srformer"  # "full" | "segmented" | "srformer"
+    segment_size: int = 16  # s: encoder positions per segment
+    summary_ratio: float = 0.45  # q = ceil(ratio * k) fixes the segment schedule ...
+    summary_length: int = 0  # ... unless this fixed q is > 0
+    vocab_size: int = 30522  # WordPiece (MiniLM's)
+    embed_dim: int = 384  # MiniLM width: word embeddings and encoder outputs
+    d_model: int = 256  # decoder width
+    n_layer: int = 2  # decoder blocks
+    n_head: int = 4  # decoder heads (self and cross)
+    d_ff: int = 1024  # MLP width
+    max_target: int = 512  # decoder positions (learned position embeddings)
+    dropout: float = 0.1
+    raf_clamp: float = 1e4  # App. A.3: clamp K'V and P before the RAF neuron
+    output_vocab: str = "source"  # "source": ids of the document + [SEP]; "full": all ids
+    copy: bool = True  # pointer over the attended segment mixed with the vocabulary (See et al. 2017)
+    token_features: bool = True  # keys also see the previous source token's embedding, values the token's
+    copy_bias: bool = True  # learned score bonus where the source continues the summary's last 1-2 tokens
+    recurrent_gate: bool = False  # O = O_S + g*O_R, g per head learned from 0 (Eq. 10's trainable weight)
+    encoder_window: int = 510  # WordPiece tokens per encoder window (+ [CLS], [SEP] = 512)
+    max_source: int = 1024  # tokens of a document read (training/eval truncation; 0 = all)
+    bos_id: int = 101  # [CLS] starts the summary
+    eos_id: int = 102  # [SEP] ends it
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cross_attention not in MODES:
+            raise ValueError(f"cross_attention must be one of {MODES}, not {self.cross_attention!r}")
+        if self.d_model % self.n_head:
+            raise ValueError("d_model must be a multiple of n_head")
+
+
+def schedule_length(config: SRformerConfig, k_valid: torch.Tensor) -> torch.Tensor:
+    """q per document (B,) from its number of valid encoder positions k (B,)."""
+    if config.summary_length > 0:
+        return torch.full_like(k_valid, config.summary_length)
+    return torch.ceil(k_valid.double() * config.summary_ratio).long().clamp(min=1)
+
+
+def segment_index(t: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Sec. 3.1: i = min(int(t*m/q), m-1); broadcasts t against m, q."""
+    return torch.minimum(torch.div(t * m, q, rounding_mode="floor"), m - 1)
+
+
+class RAF(nn.Module):
+    """Recurrent Accumulate-and-Fire neuron (Sec. 3.3, Fig. 3).
+
+    x = Linear(P); mem = leak * mem + x; out = ReLU(mem - threshold);
+    where it fired, mem -= threshold (soft reset). The leak (in (0, 1) through a
+    sigmoid) and the threshold are learned per feature.
+    """
+
+    def __init__(self, dim: int, clamp: float):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.leak = nn.Parameter(torch.full((dim,), 2.0))  # sigmoid(2) = 0.88
+        self.threshold = nn.Parameter(torch.full((dim,), 0.01))
+        self.clamp = clamp
+
+    def forward(self, p: torch.Tensor, mem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.proj(p.clamp(-self.clamp, self.clamp))  # (..., dh, dh) App. A.3 clamp, projection
+        mem = torch.sigmoid(self.leak) * mem + x  # accumulate with leak
+        out = F.relu(mem - self.threshold)  # fire
+        fired = (mem > self.threshold).to(mem.dtype)
+        return out, mem - self.threshold * fired  # soft reset
+
+
+def remaining_products(mem: Mapping[str, torch.Tensor], s: int) -> torch.Tensor:
+    """Eq. (16) for every segment i at once: P_i = K'V - K_Si'V_Si, (B, h, m, dh, dh)."""
+    K, V = mem["k"], mem["v"]  # (B, h, k, dh), zero at masked positions
+    B, h, k, dh = K.shape
+    m = -(-k // s)
+    Ks = F.pad(K, (0, 0, 0, m * s - k)).view(B, h, m, s, dh)  # (B, h, m, s, dh)
+    Vs = F.pad(V, (0, 0, 0, m * s - k)).view(B, h, m, s, dh)
+    return mem["kv"][:, :, None] - Ks.transpose(-2, -1) @ Vs
+
+
+class CrossAttention(nn.Module):
+    """Decoder cross-attention: full, segmented (Eq. 4, 6) or SRformer (Eq. 11-16)."""
+
+    def __init__(self, config: SRformerConfig):
+        super().__init__()
+        self.mode = config.cross_attention
+        self.s = config.segment_size
+        self.n_head = config.n_head
+        self.dh = config.d_model // config.n_head
+        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        self.k_proj = nn.Linear(config.embed_dim, config.d_model)
+        self.v_proj = nn.Linear(config.embed_dim, config.d_model)
+        self.o_proj = nn.Linear(config.d_model, config.d_model)
+        self.raf = RAF(self.dh, config.raf_clamp) if self.mode == "srformer" else None
+        # Eq. (10): a trainable weight on O_R; from 0 the model starts as the segmented one
+        use_gate = self.mode == "srformer" and config.recurrent_gate
+        self.gate = nn.Parameter(torch.zeros(config.n_head, 1, 1)) if use_gate else None
+        self.token_features = config.token_features
+        if self.token_features:
+            self.k_prev = nn.Linear(config.embed_dim, config.d_model, bias=False)
+            self.v_tok = nn.Linear(config.embed_dim, config.d_model, bias=False)
+        # per head: bonus when source token j-1 equals the last summary token, and when j-2, j-1 equal the last two
+        self.match = nn.Parameter(torch.full((config.n_head, 2), 2.0)) if config.copy_bias else None
+
+    # -- encoder side: what a window adds to the state ---------------------------------
+    def memory(self, enc: torch.Tensor, mask: torch.Tensor, tok_emb: torch.Tensor,
+               prev_emb: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Keys, values and the K'V / sum(K^2) accumulators of encoder outputs.
+
+        enc (B, k, E) MiniLM outputs, mask (B, k) bool; tok_emb / prev_emb (B, k, E):
+        word embeddings of each source token and of the one before it (a key that
+        knows its predecessor lets the decoder find where to continue copying).
+        Masked positions get K = V = 0, so they never reach K'V (App. A.3).
+        """
+        B, k, _ = enc.shape
+        keep = mask[:, None, :, None].to(enc.dtype)  # (B, 1, k, 1)
+        keys, values = self.k_proj(enc), self.v_proj(enc)  # (B, k, d)
+        if self.token_features:
+            keys, values = keys + self.k_prev(prev_emb), values + self.v_tok(tok_emb)
+        K = keys.view(B, k, self.n_head, self.dh).transpose(1, 2) * keep  # (B, h, k, dh)
+        V = values.view(B, k, self.n_head, self.dh).transpose(1, 2) * keep  # (B, h, k, dh)
+        kv = K.transpose(-2, -1) @ V  # (B, h, dh, dh) Eq. (15): K'V
+        ksq = (K * K).sum(dim=(-2, -1))  # (B, h): norm(K)^2
+        return {"k": K, "v": V, "kv": kv, "ksq": ksq}
+
+    # -- parallel, teacher-forced ------------------------------------------------------
+    def forward(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
+                seg: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, d) decoder states; mask (B, k) valid keys; seg (B, T) segment index per step;
+        match (B, 2, T, k) copy-continuation indicators (see :func:`continuation`).
+
+        Returns the output (B, T, d) and the softmax weights (B, h, T, k), zero outside S_i.
+        """
+        B, T, d = x.shape
+        K, V = mem["k"], mem["v"]  # (B, h, k, dh)
+        k = K.shape[2]
+        Q = self.q_proj(x).view(B, T, self.n_head, self.dh).transpose(1, 2)  # (B, h, T, dh)
+        allow = mask[:, None, :].expand(B, T, k)  # (B, T, k)
+        if self.mode != "full":
+            # Eq. (4): only keys of segment i_t; a masked full softmax equals the softmax over K_Si
+            pos_seg = torch.arange(k, device=x.device) // self.s  # (k,)
+            allow = allow & (pos_seg[None, None, :] == seg[:, :, None])
+        att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, T, k) Eq. (3)/(4)
+        if self.match is not None:  # a score bias, segmented with its keys like App. A.3's b_Si
+            att = att + torch.einsum("hc,bctk->bhtk", self.match, match)
+        att = att.masked_fill(~allow[:, None], NEG).softmax(dim=-1)
+        out = att @ V  # (B, h, T, dh) Eq. (5)/(6)
+        if self.mode == "srformer":
+            o_r = self._recurrent(Q, mem, seg)
+            out = out + (o_r if self.gate is None else self.gate * o_r)  # Eq. (11) (Eq. (10) with a gate)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, d)), att
+
+    def _recurrent(self, Q: torch.Tensor, mem: Mapping[str, torch.Tensor], seg: torch.Tensor) -> torch.Tensor:
+        """O_R for every step at once (Eq. 13, 16), the RAF run once per visited segment."""
+        assert self.raf is not None
+        B, h, k, dh = mem["k"].shape
+        T = seg.shape[1]
+        P = remaining_products(mem, self.s)  # (B, h, m, dh, dh) Eq. (16)
+        # Algorithm 1: the RAF updates only when the segment index changes (and at t = 0)
+        change = torch.ones_like(seg, dtype=torch.bool)
+        change[:, 1:] = seg[:, 1:] != seg[:, :-1]  # (B, T)
+        rank = change.long().cumsum(dim=1) - 1  # (B, T): which update step t uses
+        R = int(rank.max()) + 1
+        visited = torch.zeros(B, R, dtype=torch.long, device=seg.device).scatter_(1, rank, seg)  # (B, R)
+        steps = torch.arange(T, device=seg.device).expand(B, T)
+        start = torch.where(change, steps, torch.zeros_like(steps)).cummax(dim=1).values
+        offset = steps - start  # (B, T): position of t within its run of equal segment index
+        L = int(offset.max()) + 1
+        idx = visited[:, None, :, None, None].expand(B, h, R, dh, dh)
+        P_vis = P.gather(2, idx)  # (B, h, R, dh, dh): P of the r-th visited segment
+        membrane = torch.zeros(B, h, dh, dh, dtype=Q.dtype, device=Q.device)  # reset at t = 0
+        fired = []
+        for r in range(R):
+            spikes, membrane = self.raf(P_vis[:, :, r], membrane)
+            fired.append(spikes)
+        raf_out = torch.stack(fired, dim=2)  # (B, h, R, dh, dh)
+        # Q_t @ RAF(P) per step: scatter the queries into (R, L) blocks, one matmul, gather back
+        flat = (rank * L + offset)[:, None, :, None].expand(B, h, T, dh)  # (B, h, T, dh)
+        blocks = torch.zeros(B, h, R * L, dh, dtype=Q.dtype, device=Q.device).scatter(2, flat, Q)
+        o_r = blocks.view(B, h, R, L, dh) @ raf_out  # (B, h, R, L, dh)
+        o_r = o_r.view(B, h, R * L, dh).gather(2, flat)  # (B, h, T, dh)
+        norm_k = mem["ksq"].clamp(min=1e-12).sqrt()[:, :, None, None]  # (B, h, 1, 1)
+        return o_r / norm_k  # Eq. (13)
+
+    # -- incremental, one step (Algorithm 1) -------------------------------------------
+    def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
+             prev: torch.Tensor, membrane: torch.Tensor, raf_out: torch.Tensor, context: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, d) one step; seg, prev (B,) segment index now / at the last step (-1 at t = 0);
+        context (B, 2, k) the copy-continuation indicators of this step.
+
+        Returns the output (B, d), the RAF membrane and output (B, h, dh, dh), and
+        the softmax weights (B, h, n) over the encoder positions pos (B, n) read.
+        """
+        B, d = x.shape
+        K, V = mem["k"], mem["v"]  # (B, h, k, dh)
+        k = K.shape[2]
+        Q = self.q_proj(x).view(B, self.n_head, 1, self.dh)  # (B, h, 1, dh)
+        if self.mode == "full":
+            att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, k) Eq. (3)
+            if self.match is not None:
+                att = att + torch.einsum("hc,bck->bhk", self.match, context)[:, :, None]
+            att = att.masked_fill(~mask[:, None, None, :], NEG).softmax(dim=-1)
+            out = att @ V  # (B, h, 1, dh) Eq. (5)
+            pos = torch.arange(k, device=x.device).expand(B, k)
+            return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos
+        # K_s = split(K); read segment i only: positions i*s .. i*s+s-1
+        pos = seg[:, None] * self.s + torch.arange(self.s, device=x.device)  # (B, s)
+        valid = (pos < k) & mask.gather(1, pos.clamp(max=k - 1))  # (B, s)
+        gidx = pos.clamp(max=k - 1)[:, None, :, None].expand(B, self.n_head, self.s, self.dh)
+        keep = valid[:, None, :, None].to(K.dtype)
+        Ks = K.gather(2, gidx) * keep  # (B, h, s, dh) K_Si
+        Vs = V.gather(2, gidx) * keep  # (B, h, s, dh) V_Si
+        att = (Q @ Ks.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, s) Eq. (4)
+        if self.match is not None:  # b_Si: the bias of the segment's positions only
+            seg_context = context.gather(2, pos.clamp(max=k - 1)[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
+            att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]
+        att = att.masked_fill(~valid[:, None, None, :], NEG).softmax(dim=-1)
+        out = att @ Vs  # (B, h, 1, dh) Eq. (6): O_S
+        if self.mode == "srformer":
+            assert self.raf is not None
+            changed = (seg != prev)[:, None, None, None]  # update only when the index changes
+            # eager mode skips the update when no row changed; traced/exported graphs always
+            # compute it and select (same result, no data-dependent branch)
+            if torch.jit.is_tracing() or torch.compiler.is_exporting() or bool(changed.any()):
+                P = mem["kv"] - Ks.transpose(-2, -1) @ Vs  # (B, h, dh, dh) Eq. (16)
+                new_out, new_membrane = self.raf(P, membrane)
+                raf_out = torch.where(changed, new_out, raf_out)
+                membrane = torch.where(changed, new_membrane, membrane)
+            norm_k = mem["ksq"].clamp(min=1e-12).sqrt()[:, :, None, None]  # (B, h, 1, 1)
+            o_r = (Q @ raf_out) / norm_k  # Eq. (13)
+            out = out + (o_r if self.gate is None else self.gate * o_r)  # Eq. (11)
+        return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos.clamp(max=k - 1)
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention over the summary so far."""
+
+    def __init__(self, config: SRformerConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.dh = config.d_model // config.n_head
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.proj = nn.Linear(config.d_model, config.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.dh).permute(2, 0, 3, 1, 4)  # (B, h, T, dh)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, T, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~causal, NEG).softmax(dim=-1)
+        return self.proj((att @ v).transpose(1, 2).reshape(B, T, d))
+
+    def step(self, x: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, d); caches (B, h, t, dh) -> output (B, d), caches (B, h, t+1, dh)."""
+        B, d = x.shape
+        q, k, v = self.qkv(x).view(B, 3, self.n_head, 1, self.dh).unbind(1)  # (B, h, 1, dh)
+        cache_k = torch.cat([cache_k, k], dim=2)
+        cache_v = torch.cat([cache_v, v], dim=2)
+        att = ((q @ cache_k.transpose(-2, -1)) / math.sqrt(self.dh)).softmax(dim=-1)  # (B, h, 1, t+1)
+        return self.proj((att @ cache_v).reshape(B, d)), cache_k, cache_v
+
+
+class Block(nn.Module):
+    """Pre-LN decoder block: self-attention, cross-attention, MLP."""
+
+    def __init__(self, config: SRformerConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.attn = SelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.cross = CrossAttention(config)
+        self.ln_3 = nn.LayerNorm(config.d_model)
+        self.mlp = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
+                                 nn.Linear(config.d_ff, config.d_model))
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
+                seg: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        a, att = self.cross(self.ln_2(x), mem, mask, seg, match)
+        x = x + self.drop(a)
+        return x + self.drop(self.mlp(self.ln_3(x))), att
+
+
+class SRformer(nn.Module):
+    """The decoder (and the encoder-side projections) of the summarizer.
+
+    Word embeddings are a non-persistent buffer filled from MiniLM by
+    :func:`load_srformer` (random in tests), so checkpoints hold only the
+    decoder's own weights.
+    """
+
+    def __init__(self, config: SRformerConfig):
+        super().__init__()
+        self.config = config
+        self.register_buffer("wte", torch.randn(config.vocab_size, config.embed_dim) * 0.05, persistent=False)
+        self.embed_in = nn.Linear(config.embed_dim, config.d_model, bias=False)
+        self.wpe = nn.Embedding(config.max_target, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.embed_out = nn.Linear(config.d_model, config.embed_dim)  # tied to wte after this
+        self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.copy_gate = nn.Linear(config.d_model, 1) if config.copy else None
+
+    # -- encoder side ----------------------------------------------------------------------
+    def memory(self, enc: torch.Tensor, mask: torch.Tensor, source_ids: torch.Tensor,
+               first_prev: torch.Tensor | None = None) -> list[dict[str, torch.Tensor]]:
+        """Per-layer cross-attention keys/values and accumulators of encoder outputs (B, k, E).
+
+        source_ids (B, k) are the tokens the encoder read; ``first_prev`` (B,) is the
+        token before the first one ([CLS] at the start of a document, the last token
+        of the previous window when a stream appends a window).
+        """
+        if first_prev is None:
+            first_prev = torch.full_like(source_ids[:, 0], self.config.bos_id)
+        prev_ids = torch.cat([first_prev[:, None], source_ids[:, :-1]], dim=1)  # (B, k)
+        tok_emb, prev_emb = self.wte[source_ids], self.wte[prev_ids]  # (B, k, E)
+        return [block.cross.memory(enc, mask, tok_emb, prev_emb) for block in self.blocks]
+
+    def schedule(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """m (number of segments) and q (summary length of the schedule), each (B,)."""
+        k_valid = mask.long().sum(dim=1).clamp(min=1)
+        m = torch.div(k_valid + self.config.segment_size - 1, self.config.segment_size, rounding_mode="floor")
+        return m, schedule_length(self.config, k_valid)
+
+    def vocab(self, source_ids: torch.Tensor, mask: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Candidate output ids (B, V), their validity (B, V), and the column of each source token (B, k)."""
+        c = self.config
+        B = source_ids.shape[0]
+        if c.output_vocab == "full":
+            ids = torch.arange(c.vocab_size, device=source_ids.device).expand(B, -1)
+            return ids, torch.ones_like(ids, dtype=torch.bool), source_ids.clamp(0, c.vocab_size - 1)
+        rows = []
+        for b in range(B):
+            ids = source_ids[b][mask[b]]
+            rows.append(torch.unique(torch.cat([ids, ids.new_tensor([c.eos_id])])))  # sorted
+        width = max(len(r) for r in rows)
+        ids = torch.full((B, width), c.pad_id, dtype=torch.long, device=source_ids.device)
+        valid = torch.zeros(B, width, dtype=torch.bool, device=source_ids.device)
+        for b, row in enumerate(rows):
+            ids[b, : len(row)] = row
+            valid[b, : len(row)] = True
+        ids = torch.where(valid, ids, torch.full_like(ids, torch.iinfo(torch.long).max))  # sorted rows
+        src_index = torch.searchsorted(ids, source_ids).clamp(max=width - 1)  # (B, k)
+        return torch.where(valid, ids, torch.full_like(ids, c.pad_id)), valid, src_index
+
+    def _output(self, x: torch.Tensor, att: torch.Tensor, pos: torch.Tensor, vocab_ids: torch.Tensor,
+                vocab_mask: torch.Tensor, src_index: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities (B, T, V) over vocab_ids from decoder states x (B, T, d).
+
+        With ``copy``: p = g p_vocab + (1 - g) p_copy, p_copy the last layer's
+        cross-attention weights att (B, h, T, n) over source positions pos (B, n)
+        (the attended segment in segmented/SRformer modes), averaged over heads
+        and added up per token id.
+        """
+        x = self.ln_f(x)
+        h = self.embed_out(x)  # (B, T, E)
+        w = self.wte[vocab_ids]  # (B, V, E) tied output embeddings
+        logits = h @ w.transpose(1, 2) + self.out_bias[vocab_ids][:, None, :]  # (B, T, V)
+        logits = logits.masked_fill(~vocab_mask[:, None, :], NEG)
+        if self.copy_gate is None:
+            return logits.log_softmax(dim=-1)
+        B, T, V = logits.shape
+        gate = torch.sigmoid(self.copy_gate(x))  # (B, T, 1)
+        cols = src_index.gather(1, pos)[:, None, :].expand(B, T, pos.shape[1])  # (B, T, n)
+        p_copy = torch.zeros_like(logits).scatter_add(2, cols, att.mean(dim=1))  # (B, T, V)
+        p = gate * logits.softmax(dim=-1) + (1 - gate) * p_copy
+        return p.clamp_min(1e-30).log().masked_fill(~vocab_mask[:, None, :], NEG)
+
+    def _source_context(self, vocab_ids: torch.Tensor, src_index: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source tokens before each position, one back and two back (B, k); [CLS] then -1 before the start."""
+        source = vocab_ids.gather(1, src_index)  # (B, k)
+        start = torch.full_like(source[:, :1], self.config.bos_id)
+        prev1 = torch.cat([start, source[:, :-1]], dim=1)
+        prev2 = torch.cat([torch.full_like(start, -1), prev1[:, :-1]], dim=1)
+        return prev1, prev2
+
+    # -- parallel, teacher-forced ----------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, memory: list[dict[str, torch.Tensor]], mask: torch.Tensor,
+                vocab_ids: torch.Tensor, vocab_mask: torch.Tensor, src_index: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) decoder input ([CLS] + summary) -> log-probabilities (B, T, V) over vocab_ids."""
+        B, T = tokens.shape
+        m, q = self.schedule(mask)
+        seg = segment_index(torch.arange(T, device=tokens.device)[None, :], m[:, None], q[:, None])  # (B, T)
+        x = self.embed_in(self.wte[tokens]) + self.wpe(torch.arange(T, device=tokens.device))  # (B, T, d)
+        x = self.drop(x)
+        prev1, prev2 = self._source_context(vocab_ids, src_index)  # (B, k)
+        last2 = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], dim=1)  # (B, T)
+        match = continuation(prev1, prev2, tokens, last2)  # (B, 2, T, k)
+        for block, mem in zip(self.blocks, memory, strict=True):
+            x, att = block(x, mem, mask, seg, match)
+        pos = torch.arange(mask.shape[1], device=tokens.device).expand(B, -1)
+        return self._output(x, att, pos, vocab_ids, vocab_mask, src_index)
+
+    # -- incremental -----------------------------------------------------------------------------
+    def init_cache(self, batch: int, device: torch.device | None = None) -> State:
+        """Decoder cache before step 0: empty self-attention K/V, RAF state reset (Algorithm 1, t = 0)."""
+        c = self.config
+        dh = c.d_model // c.n_head
+        cache: State = {"prev": torch.full((batch,), -1, dtype=torch.long, device=device),
+                        "last": torch.full((batch,), -1, dtype=torch.long, device=device)}
+        for layer in range(c.n_layer):
+            cache[f"self_k{layer}"] = torch.zeros(batch, c.n_head, 0, dh, device=device)
+            cache[f"self_v{layer}"] = torch.zeros(batch, c.n_head, 0, dh, device=device)
+            cache[f"membrane{layer}"] = torch.zeros(batch, c.n_head, dh, dh, device=device)
+            cache[f"raf_out{layer}"] = torch.zeros(batch, c.n_head, dh, dh, device=device)
+        return cache
+
+    def step(self, token: torch.Tensor, t: int | torch.Tensor, cache: Mapping[str, torch.Tensor],
+             memory: list[dict[str, torch.Tensor]], mask: torch.Tensor, vocab_ids: torch.Tensor,
+             vocab_mask: torch.Tensor, src_index: torch.Tensor) -> tuple[torch.Tensor, State]:
+        """One decoder step: token (B,) at position t -> log-probabilities (B, V), the next cache."""
+        m, q = self.schedule(mask)
+        t = torch.as_tensor(t, device=m.device).expand_as(m)  # (B,): one step index, or one per row (export)
+        seg = segment_index(t, m, q)  # (B,)
+        x = self.embed_in(self.wte[token]) + self.wpe(t)  # (B, d)
+        new: State = {"prev": seg, "last": token}
+        prev1, prev2 = self._source_context(vocab_ids, src_index)
+        context = continuation(prev1, prev2, token[:, None], cache["last"][:, None])[:, :, 0]  # (B, 2, k)
+        for layer, (block, mem) in enumerate(zip(self.blocks, memory, strict=True)):
+            a, new[f"self_k{layer}"], new[f"self_v{layer}"] = block.attn.step(
+                block.ln_1(x), cache[f"self_k{layer}"], cache[f"self_v{layer}"])
+            x = x + a
+            a, new[f"membrane{layer}"], new[f"raf_out{layer}"], att, pos = block.cross.step(
+                block.ln_2(x), mem, mask, seg, cache["prev"], cache[f"membrane{layer}"], cache[f"raf_out{layer}"],
+                context)
+            x = x + a
+            x = x + block.mlp(block.ln_3(x))
+        return self._output(x[:, None], att[:, :, None], pos, vocab_ids, vocab_mask, src_index)[:, 0], new
+
+    # -- generation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, memory: list[dict[str, torch.Tensor]], mask: torch.Tensor, source_ids: torch.Tensor,
+                 max_len: int | None = None, beams: int = 1, no_repeat_ngram: int = 0,
+                 length_penalty: float = 1.0) -> list[list[int]]:
+        """Greedy (beams=1) or beam search; returns token ids per document (without [CLS]/[SEP]).
+
+        The length cap is ``max_len`` or, when None, 1.25 * q of the document
+        (bounded by max_target).
+        """
+        vocab_ids, vocab_mask, src_index = self.vocab(source_ids, mask)
+        _, q = self.schedule(mask)
+        limits = [min(max_len if max_len is not None else int(math.ceil(1.25 * int(q_b))), self.config.max_target)
+                  for q_b in q.tolist()]
+        if beams == 1:
+            return self._greedy(memory, mask, vocab_ids, vocab_mask, src_index, limits, no_repeat_ngram)
+        results = []
+        for b, limit in enumerate(limits):
+            mem_b = [{name: tensor[b: b + 1] for name, tensor in mem.items()} for mem in memory]
+            results.append(self._beam(mem_b, mask[b: b + 1], vocab_ids[b: b + 1], vocab_mask[b: b + 1],
+                                      src_index[b: b + 1],
+                                      limit, beams, no_repeat_ngram, length_penalty))
+        return results
+
+    def _greedy(self, memory: list[dict[str, torch.Tensor]], mask: torch.Tensor, vocab_ids: torch.Tensor,
+                vocab_mask: torch.Tensor, src_index: torch.Tensor, limits: list[int],
+                no_repeat: int) -> list[list[int]]:
+        """Greedy decoding of a batch of documents; each row stops at [SEP] or its own limit."""
+        B = mask.shape[0]
+        cache = self.init_cache(B, mask.device)
+        tokens = torch.full((B,), self.config.bos_id, dtype=torch.long, device=mask.device)
+        seqs: list[list[int]] = [[] for _ in range(B)]
+        open_rows = [True] * B
+        for t in range(max(limits)):
+            logits, cache = self.step(tokens, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)
+            if no_repeat > 0:
+                for j, seq in enumerate(seqs):
+                    for banned in _banned_ids(seq, no_repeat):
+                        logits[j] = logits[j].masked_fill(vocab_ids[j] == banned, NEG)
+            tokens = vocab_ids.gather(1, logits.argmax(dim=-1, keepdim=True))[:, 0]  # (B,)
+            for j, token in enumerate(tokens.tolist()):
+                if not open_rows[j]:
+                    continue
+                if token == self.config.eos_id:
+                    open_rows[j] = False
+                else:
+                    seqs[j].append(token)
+                    open_rows[j] = len(seqs[j]) < limits[j]
+            if not any(open_rows):
+                break
+        return seqs
+
+    def _beam(self, memory: list[dict[str, torch.Tensor]], mask: torch.Tensor, vocab_ids: torch.Tensor,
+              vocab_mask: torch.Tensor, src_index: torch.Tensor, limit: int, beams: int, no_repeat: int,
+              length_penalty: float) -> list[int]:
+        c = self.config
+        memory = [{name: t.expand(beams, *t.shape[1:]) for name, t in mem.items()} for mem in memory]
+        mask = mask.expand(beams, -1)
+        vocab_ids, vocab_mask = vocab_ids.expand(beams, -1), vocab_mask.expand(beams, -1)
+        src_index = src_index.expand(beams, -1)
+        cache = self.init_cache(beams, mask.device)
+        tokens = torch.full((beams,), c.bos_id, dtype=torch.long, device=mask.device)
+        seqs: list[list[int]] = [[] for _ in range(beams)]
+        scores = torch.zeros(beams, device=mask.device)
+        scores[1:] = NEG  # all beams start identical: keep one alive
+        finished: list[tuple[float, list[int]]] = []
+        for t in range(limit):
+            logp, cache = self.step(tokens, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)  # (beams, V)
+            if no_repeat > 0:
+                for j, seq in enumerate(seqs):
+                    for banned in _banned_ids(seq, no_repeat):
+                        logp[j] = logp[j].masked_fill(vocab_ids[j] == banned, NEG)
+            if beams == 1:
+                choice = int(logp[0].argmax())
+                token = int(vocab_ids[0, choice])
+                if token == c.eos_id:
+                    return seqs[0]
+                seqs[0].append(token)
+                tokens = vocab_ids[:, choice]
+                continue
+            total = (scores[:, None] + logp).view(-1)  # (beams * V,)
+            top = total.topk(2 * beams)
+            V = logp.shape[1]
+            next_rows, next_seqs, next_scores, next_tokens = [], [], [], []
+            for value, flat in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                row, col = divmod(flat, V)
+                token = int(vocab_ids[row, col])
+                if value <= NEG / 2:
+                    continue
+                if token == c.eos_id:
+                    finished.append((value / max(len(seqs[row]), 1) ** length_penalty, seqs[row]))
+                    continue
+                next_rows.append(row)
+                next_seqs.append([*seqs[row], token])
+                next_scores.append(value)
+                next_tokens.append(token)
+                if len(next_rows) == beams:
+                    break
+            best_done = max((f[0] for f in finished), default=None)
+            best_open = max(next_scores, default=None)
+            if not next_rows or (best_done is not None and len(finished) >= beams
+                                 and best_open is not None
+                                 and best_open / (t + 1) ** length_penalty < best_done):
+                break
+            while len(next_rows) < beams:  # pad with dead copies
+                next_rows.append(next_rows[0])
+                next_seqs.append(next_seqs[0])
+                next_scores.append(NEG)
+                next_tokens.append(next_tokens[0])
+            index = torch.tensor(next_rows, device=mask.device)
+            cache = {name: tensor.index_select(0, index) for name, tensor in cache.items()}
+            seqs, tokens = next_seqs, torch.tensor(next_tokens, device=mask.device)
+            scores = torch.tensor(next_scores, device=mask.device)
+        for j in range(beams):
+            if scores[j] > NEG / 2:
+                finished.append((float(scores[j]) / max(len(seqs[j]), 1) ** length_penalty, seqs[j]))
+        return max(finished, key=lambda f: f[0])[1] if finished else seqs[0]
+
+
+def continuation(prev1: torch.Tensor, prev2: torch.Tensor, last1: torch.Tensor, last2: torch.Tensor
+                 ) -> torch.Tensor:
+    """Copy-continuation indicators (B, 2, T, k): source j follows the summary's last token
+    (prev1[j] == last1[t]) and its last two tokens (also prev2[j] == last2[t])."""
+    one = prev1[:, None, :] == last1[:, :, None]  # (B, T, k)
+    two = one & (prev2[:, None, :] == last2[:, :, None])
+    return torch.stack([one, two], dim=1).to(torch.float32)
+
+
+def _banned_ids(seq: list[int], n: int) -> list[int]:
+    """Tokens that would repeat an n-gram of ``seq`` (no-repeat n-gram)."""
+    if len(seq) < n - 1 or n <= 0:
+        return []
+    prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+    banned = []
+    for start in range(len(seq) - n + 1):
+        if tuple(seq[start: start + n - 1]) == prefix:
+            banned.append(seq[start + n - 1])
+    return banned
+
+
+# --------------------------------------------------------------------------------------------
+# Encoder side: MiniLM window by window, and the streaming segment model
+# --------------------------------------------------------------------------------------------
+
+
+def encode_windows(encoder: nn.Module, ids: torch.Tensor, window: int, cls_id: int = 101,
+                   sep_id: int = 102) -> torch.Tensor:
+    """Encode a token sequence (n,) window by window: each window is [CLS] w [SEP]; returns (n, E)."""
+    outs = []
+    for start in range(0, ids.shape[0], window):
+        chunk = ids[start: start + window]
+        full = torch.cat([chunk.new_tensor([cls_id]), chunk, chunk.new_tensor([sep_id])])[None]  # (1, w+2)
+        outs.append(encoder(input_ids=full, attention_mask=torch.ones_like(full))[0, 1:-1])  # (w, E)
+    if not outs:
+        return torch.zeros(0, encoder.config.hidden_size)
+    return torch.cat(outs, dim=0)
+
+
+class SummarizerStream:
+    """The summarizer as a segment model over text pieces (DESIGN.md contract).
+
+    state (batch 1):
+      ``pending_text`` (1, p) uint8   bytes after the last whitespace (a word may be split)
+      ``pending_ids``  (1, w) int64   tokens of the open encoder window (w < encoder_window)
+      ``source_ids``   (1, k) int64   tokens of closed windows                    [append-only]
+      ``k{l}``, ``v{l}`` (1, h, k, dh) cross-attention keys/values per layer      [append-only]
+      ``kv{l}`` (1, h, dh, dh), ``ksq{l}`` (1, h) running K'V and sum(K^2)        [constant size]
+    A step writes the new pending bytes/ids plus, for each window it closes,
+    that window's keys, values and ids: O(new text), never O(document).
+    """
+
+    def __init__(self, model: SRformer, encoder: nn.Module, tokenizer: object):
+        self.model = model.eval()
+        self.encoder = encoder.eval()
+        self.tokenizer = tokenizer
+        self.window = model.config.encoder_window
+
+    def state_spec(self) -> list[TensorSpec]:
+        c = self.model.config
+        dh = c.d_model // c.n_head
+        spec = [TensorSpec("pending_text", "uint8", ("batch", "pending_bytes")),
+                TensorSpec("pending_ids", "int64", ("batch", "pending_tokens")),
+                TensorSpec("source_ids", "int64", ("batch", "source_tokens"))]
+        for layer in range(c.n_layer):
+            spec += [TensorSpec(f"k{layer}", "float32", ("batch", c.n_head, "source_tokens", dh)),
+                     TensorSpec(f"v{layer}", "float32", ("batch", c.n_head, "source_tokens", dh)),
+                     TensorSpec(f"kv{layer}", "float32", ("batch", c.n_head, dh, dh)),
+                     TensorSpec(f"ksq{layer}", "float32", ("batch", c.n_head))]
+        return spec
+
+    def init_state(self, batch: int = 1) -> State:
+        if batch != 1:
+            raise ValueError("SummarizerStream reads one document per state; stack states to batch")
+        c = self.model.config
+        dh = c.d_model // c.n_head
+        state: State = {"pending_text": torch.zeros(1, 0, dtype=torch.uint8),
+                        "pending_ids": torch.zeros(1, 0, dtype=torch.long),
+                        "source_ids": torch.zeros(1, 0, dtype=torch.long)}
+        for layer in range(c.n_layer):
+            state[f"k{layer}"] = torch.zeros(1, c.n_head, 0, dh)
+            state[f"v{layer}"] = torch.zeros(1, c.n_head, 0, dh)
+            state[f"kv{layer}"] = torch.zeros(1, c.n_head, dh, dh)
+            state[f"ksq{layer}"] = torch.zeros(1, c.n_head)
+        return state
+
+    def _tokenize(self, text: str) -> torch.Tensor:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
+        return torch.tensor(ids, dtype=torch.long)
+
+    @torch.no_grad()
+    def _close_windows(self, state: State, ids: torch.Tensor, final: bool) -> State:
+        """Encode every full window of ``ids`` (and the rest if final); append to the state."""
+        c = self.model.config
+        limit = c.max_source if c.max_source > 0 else None
+        done = state["source_ids"].shape[1]
+        if limit is not None:
+            ids = ids[: max(limit - done, 0)]
+        cut = ids.shape[0] if final else (ids.shape[0] // self.window) * self.window
+        if limit is not None and done + ids.shape[0] >= limit:
+            cut = ids.shape[0]  # the truncation point closes the last window
+        closed, rest = ids[:cut], ids[cut:]
+        new = dict(state)
+        new["pending_ids"] = rest[None]
+        if closed.numel() == 0:
+            return new
+        new["source_ids"] = torch.cat([state["source_ids"], closed[None]], dim=1)
+        for start in range(0, closed.shape[0], self.window):  # one window at a time: same ops
+            window = closed[start: start + self.window]  # however the text was cut into pieces
+            enc = encode_windows(self.encoder, window, self.window, c.bos_id, c.eos_id)[None]  # (1, w, E)
+            last = new["source_ids"][0, done + start - 1] if done + start > 0 else torch.tensor(c.bos_id)
+            mem = self.model.memory(enc, torch.ones(1, window.shape[0], dtype=torch.bool), window[None],
+                                    last.reshape(1))
+            for layer, mem_l in enumerate(mem):
+                new[f"k{layer}"] = torch.cat([new[f"k{layer}"], mem_l["k"]], dim=2)
+                new[f"v{layer}"] = torch.cat([new[f"v{layer}"], mem_l["v"]], dim=2)
+                new[f"kv{layer}"] = new[f"kv{layer}"] + mem_l["kv"]
+                new[f"ksq{layer}"] = new[f"ksq{layer}"] + mem_l["ksq"]
+        return new
+
+    def step(self, state: Mapping[str, torch.Tensor], segment: Mapping[str, torch.Tensor]) -> tuple[State, State]:
+        """segment {"text": (1, n) uint8 UTF-8 bytes} -> (state', {"tokens": (1,) tokens read so far})."""
+        data = bytes(state["pending_text"][0].tolist()) + bytes(segment["text"][0].tolist())
+        # keep an incomplete UTF-8 sequence and the word after the last whitespace for later
+        cut = len(data)
+        while cut > 0 and (data[cut - 1] & 0xC0) == 0x80:
+            cut -= 1
+        if cut > 0 and data[cut - 1] >= 0xC0:
+            cut -= 1  # a lead byte whose continuation has not arrived
+        text = data[:cut].decode("utf-8", errors="replace")
+        split = max((i for i, ch in enumerate(text) if ch.isspace()), default=-1) + 1
+        ready, tail = text[:split], text[split:].encode("utf-8") + data[cut:]
+        new = dict(state)
+        new["pending_text"] = torch.tensor(list(tail), dtype=torch.uint8)[None]
+        ids = torch.cat([state["pending_ids"][0], self._tokenize(ready)])
+        new = self._close_windows(new, ids, final=False)
+        read = new["source_ids"].shape[1] + new["pending_ids"].shape[1]
+        return new, {"tokens": torch.tensor([read])}
+
+    def finish(self, state: Mapping[str, torch.Tensor]) -> State:
+        """The state with the pending word tokenized and the last window closed."""
+        data = bytes(state["pending_text"][0].tolist())
+        ids = torch.cat([state["pending_ids"][0], self._tokenize(data.decode("utf-8", errors="replace"))])
+        new = dict(state)
+        new["pending_text"] = torch.zeros(1, 0, dtype=torch.uint8)
+        return self._close_windows(new, ids, final=True)
+
+    @torch.no_grad()
+    def readout(self, state: Mapping[str, torch.Tensor], output: Mapping[str, torch.Tensor] | None = None,
+                beams: int = 1, no_repeat_ngram: int = 0, max_len: int | None = None) -> str:
+        """Close the document and decode its summary."""
+        final = self.finish(state)
+        c = self.model.config
+        memory = [{"k": final[f"k{l}"], "v": final[f"v{l}"], "kv": final[f"kv{l}"], "ksq": final[f"ksq{l}"]}
+                  for l in range(c.n_layer)]
+        mask = torch.ones(1, final["source_ids"].shape[1], dtype=torch.bool)
+        ids = self.model.generate(memory, mask, final["source_ids"], max_len=max_len, beams=beams,
+                                  no_repeat_ngram=no_repeat_ngram)[0]
+        return self.tokenizer.decode(ids)  # type: ignore[attr-defined]
+
+    def summarize(self, text: str, **kwargs: object) -> str:
+        """Whole document: one step and the readout."""
+        state, output = self.step(self.init_state(1), {"text": text_bytes(text)})
+        return self.readout(state, output, **kwargs)  # type: ignore[arg-type]
+
+
+def text_bytes(text: str) -> torch.Tensor:
+    """A text piece as the (1, n) uint8 tensor :meth:`SummarizerStream.step` reads."""
+    return torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)[None]
+
+
+def load_srformer(folder: str | None = None, config: SRformerConfig | None = None) -> SRformer:
+    """A model with MiniLM's word embeddings; decoder weights from a checkpoint folder if given."""
+    from models.checkpoint import load_checkpoint
+    from models.minilm import minilm_state_dict
+
+    state_dict = None
+    if folder is not None:
+        checkpoint = load_checkpoint(folder)
+        config = SRformerConfig(**checkpoint.config)
+        state_dict = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
+    model = SRformer(config or SRformerConfig())
+    model.wte.copy_(minilm_state_dict()["embeddings.word_embeddings.weight"])
+    if state_dict is not None:
+        model.load_state_dict(state_dict)
+    return model.eval()

@@ -1,0 +1,215 @@
+"""The SRformer summarizer as a servable: an encoder-window graph and a decoder-step graph.
+
+- ``encode_window``: (window_ids (B, w), first_prev (B,)) -> per decoder layer l: the window's
+  cross-attention keys ``k{l}`` and values ``v{l}`` (B, h, w, dh) — appended to the session —
+  and its contributions ``kv{l}`` (B, h, dh, dh), ``ksq{l}`` (B, h) to the running K'V and
+  sum(K^2) accumulators (Eq. 15, 13). MiniLM reads the window as ``[CLS] w [SEP]`` (w <= 510).
+- ``decode_step``: one step of Algorithm 1 — token, position, self-attention caches and RAF
+  state in; log-probabilities over the document's candidate ids and the next caches out.
+
+Tokenizing, cutting text into windows, the vocabulary of candidate ids and the search (greedy,
+beam, no-repeat n-gram) run outside the graphs (``service/runtime/summarize.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from models.checkpoint import Checkpoint
+from models.rmt_servable import tokenizer_file
+from models.segment import TensorSpec
+from models.servable import Graph, Servable
+from models.srformer import SRformer, SRformerConfig, load_srformer
+from models.text_stream import PENDING_BYTES, SegmentCutter
+
+
+class EncodeWindow(nn.Module):
+    def __init__(self, model: SRformer, encoder: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.encoder = encoder
+
+    def forward(self, window_ids: torch.Tensor, first_prev: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        c = self.model.config
+        B = window_ids.shape[0]
+        cls = torch.full_like(window_ids[:, :1], c.bos_id)
+        sep = torch.full_like(window_ids[:, :1], c.eos_id)
+        full = torch.cat([cls, window_ids, sep], dim=1)  # (B, w+2)
+        enc = self.encoder(input_ids=full, attention_mask=torch.ones_like(full))[:, 1:-1]  # (B, w, E)
+        mask = torch.ones(B, window_ids.shape[1], dtype=torch.bool, device=window_ids.device)
+        outputs: list[torch.Tensor] = []
+        for mem in self.model.memory(enc, mask, window_ids, first_prev):
+            outputs += [mem["k"], mem["v"], mem["kv"], mem["ksq"]]
+        return tuple(outputs)
+
+
+class DecodeStep(nn.Module):
+    """Positional wrapper of :meth:`SRformer.step` (the cache and memory dicts flattened)."""
+
+    def __init__(self, model: SRformer) -> None:
+        super().__init__()
+        self.model = model
+        self.n_layer = model.config.n_layer
+
+    def forward(self, token: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, vocab_ids: torch.Tensor,
+                vocab_mask: torch.Tensor, src_index: torch.Tensor, prev: torch.Tensor, last: torch.Tensor,
+                *layers: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # layers: per layer self_k, self_v, membrane, raf_out (cache), then k, v, kv, ksq (memory)
+        cache = {"prev": prev, "last": last}
+        memory = []
+        for layer in range(self.n_layer):
+            self_k, self_v, membrane, raf_out, k, v, kv, ksq = layers[8 * layer: 8 * layer + 8]
+            cache.update({f"self_k{layer}": self_k, f"self_v{layer}": self_v,
+                          f"membrane{layer}": membrane, f"raf_out{layer}": raf_out})
+            memory.append({"k": k, "v": v, "kv": kv, "ksq": ksq})
+        logp, new = self.model.step(token, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)
+        outputs = [logp, new["prev"], new["last"]]
+        for layer in range(self.n_layer):
+            outputs += [new[f"self_k{layer}"], new[f"self_v{layer}"], new[f"membrane{layer}"], new[f"raf_out{layer}"]]
+        return tuple(outputs)
+
+
+def _encoder(config: SRformerConfig) -> nn.Module:
+    from models.minilm import load_minilm_encoder
+
+    return load_minilm_encoder().eval()
+
+
+def srformer_servable(checkpoint: Checkpoint) -> Servable:
+    assert checkpoint.folder is not None
+    model = load_srformer(str(checkpoint.folder))
+    c = model.config
+    h, dh, layers = c.n_head, c.d_model // c.n_head, c.n_layer
+    encoder = _encoder(c)
+
+    def encode_sample(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        width = int(torch.randint(3, 40, (1,), generator=generator))
+        ids = torch.randint(1000, c.vocab_size, (batch, width), generator=generator)
+        return ids, torch.randint(1000, c.vocab_size, (batch,), generator=generator)
+
+    def decode_sample(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        k = int(torch.randint(8, 4 * c.segment_size, (1,), generator=generator))
+        steps = int(torch.randint(2, 6, (1,), generator=generator))  # >= 2: no 0/1 specialization
+        source = torch.randint(1000, 1200, (batch, k), generator=generator)
+        vocab_ids = torch.sort(torch.unique(torch.cat([source.flatten(), torch.tensor([c.eos_id])])))[0]
+        vocab_ids = vocab_ids.expand(batch, -1).contiguous()
+        src_index = torch.searchsorted(vocab_ids, source)
+        mask = torch.ones(batch, k, dtype=torch.bool)
+        token = vocab_ids[:, 0]
+        t = torch.full((batch,), steps, dtype=torch.int64)
+        prev = torch.zeros(batch, dtype=torch.int64)
+        last = source[:, 0]
+        flat: list[torch.Tensor] = []
+        for _ in range(layers):
+            flat += [torch.randn(batch, h, steps, dh, generator=generator),
+                     torch.randn(batch, h, steps, dh, generator=generator),
+                     torch.randn(batch, h, dh, dh, generator=generator) * 0.1,
+                     torch.relu(torch.randn(batch, h, dh, dh, generator=generator)) * 0.1]
+            K = torch.randn(batch, h, k, dh, generator=generator)
+            V = torch.randn(batch, h, k, dh, generator=generator)
+            flat += [K, V, K.transpose(-2, -1) @ V, (K * K).sum(dim=(-2, -1))]
+        return (token, t, mask, vocab_ids, torch.ones_like(vocab_ids, dtype=torch.bool), src_index, prev, last,
+                *flat)
+
+    window_outputs: list[TensorSpec] = []
+    for layer in range(layers):
+        window_outputs += [TensorSpec(f"k{layer}", "float32", ("batch", h, "window", dh)),
+                           TensorSpec(f"v{layer}", "float32", ("batch", h, "window", dh)),
+                           TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, dh)),
+                           TensorSpec(f"ksq{layer}", "float32", ("batch", h))]
+    encode = Graph(
+        name="encode_window",
+        module=EncodeWindow(model, encoder),
+        inputs=[TensorSpec("window_ids", "int64", ("batch", "window")),
+                TensorSpec("first_prev", "int64", ("batch",))],
+        outputs=window_outputs,
+        sample_inputs=encode_sample,
+        onnx_exporter="torchscript",  # torch 2.13's torch.export fails on this graph's guards; tracing works
+    )
+    cache_in: list[TensorSpec] = []
+    cache_out: list[TensorSpec] = []
+    state_outputs = {"prev": "next_prev", "last": "next_last"}
+    for layer in range(layers):
+        names = [(f"self_k{layer}", ("batch", h, "steps", dh)), (f"self_v{layer}", ("batch", h, "steps", dh)),
+                 (f"membrane{layer}", ("batch", h, dh, dh)), (f"raf_out{layer}", ("batch", h, dh, dh))]
+        cache_in += [TensorSpec(name, "float32", shape) for name, shape in names]
+        cache_out += [TensorSpec(f"next_{name}", "float32",
+                                 tuple("next_steps" if axis == "steps" else axis for axis in shape))
+                      for name, shape in names]
+        state_outputs.update({name: f"next_{name}" for name, _ in names})
+    decode_inputs = [
+        TensorSpec("token", "int64", ("batch",)),
+        TensorSpec("t", "int64", ("batch",)),
+        TensorSpec("mask", "bool", ("batch", "source")),
+        TensorSpec("vocab_ids", "int64", ("batch", "vocab")),
+        TensorSpec("vocab_mask", "bool", ("batch", "vocab")),
+        TensorSpec("src_index", "int64", ("batch", "source")),
+        TensorSpec("prev", "int64", ("batch",)),
+        TensorSpec("last", "int64", ("batch",)),
+    ]
+    for layer in range(layers):
+        decode_inputs += cache_in[4 * layer: 4 * layer + 4] + [
+            TensorSpec(f"k{layer}", "float32", ("batch", h, "source", dh)),
+            TensorSpec(f"v{layer}", "float32", ("batch", h, "source", dh)),
+            TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, dh)),
+            TensorSpec(f"ksq{layer}", "float32", ("batch", h)),
+        ]
+    decode = Graph(
+        name="decode_step",
+        module=DecodeStep(model),
+        inputs=decode_inputs,
+        outputs=[TensorSpec("logp", "float32", ("batch", "vocab")), TensorSpec("next_prev", "int64", ("batch",)),
+                 TensorSpec("next_last", "int64", ("batch",)), *cache_out],
+        sample_inputs=decode_sample,
+        state_outputs=state_outputs,
+        onnx_exporter="torchscript",  # varargs + dynamic shapes trip torch.export in torch 2.13
+    )
+    # What a session stores between pieces, bounded: the text cutter's pending text and ids, the last
+    # source token, the count of encoded tokens, the running accumulators ...
+    max_windows = -(-c.max_source // c.encoder_window) if c.max_source > 0 else 100_000
+    cutter = SegmentCutter(None, c.encoder_window + 2, max_windows, PENDING_BYTES)
+    state_spec = [*cutter.state_spec(), TensorSpec("last_source_id", "int64", ("batch",)),
+                  TensorSpec("source_tokens", "int64", ("batch",))]
+    for layer in range(layers):
+        state_spec += [TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, dh)),
+                       TensorSpec(f"ksq{layer}", "float32", ("batch", h))]
+    # ... and append-only chunks, one per piece that closes windows: source_ids (1, n), k{l}, v{l} (1, h, n, dh)
+    chunk_spec = [TensorSpec("source_ids", "int64", ("batch", "window"))]
+    for layer in range(layers):
+        chunk_spec += [TensorSpec(f"k{layer}", "float32", ("batch", h, "window", dh)),
+                       TensorSpec(f"v{layer}", "float32", ("batch", h, "window", dh))]
+    extras = checkpoint.extras
+    decode_defaults = extras.get("decode", extras)  # the search settings chosen on dev, where recorded
+    return Servable(
+        name="",
+        task="summarize",
+        family="srformer",
+        graphs=[encode, decode],
+        state_spec=state_spec,
+        settings={
+            "cross_attention": c.cross_attention,
+            "segment_size": c.segment_size,
+            "summary_ratio": c.summary_ratio,
+            "summary_length": c.summary_length,
+            "encoder_window": c.encoder_window,
+            "max_source": c.max_source,
+            "max_windows": max_windows,
+            "pending_bytes": PENDING_BYTES,
+            "max_target": c.max_target,
+            "output_vocab": c.output_vocab,
+            "vocab_size": c.vocab_size,
+            "n_layer": layers,
+            "n_head": h,
+            "head_dim": dh,
+            "bos_id": c.bos_id,
+            "eos_id": c.eos_id,
+            "pad_id": c.pad_id,
+            "beam_size": int(decode_defaults.get("beams", 1) or 1),
+            "no_repeat_ngram": int(decode_defaults.get("no_repeat_ngram", 0) or 0),
+            "chunk_spec": [spec.as_dict() for spec in chunk_spec],
+            "metrics": extras.get("test_rouge", extras.get("metrics", {})),
+        },
+        assets={"tokenizer": tokenizer_file()},
+        initial_state={"last_source_id": torch.tensor([c.bos_id])},
+    )

@@ -1,0 +1,359 @@
+"""Training and evaluation recipe of the forecasters: ``rtserve train {rsa,rtransformer,vanilla,linear}``
+and ``rtserve eval <checkpoint>``.
+
+Data: ETTh1 under the Informer protocol (models/ett.py). Neural families train with AdamW on
+the MSE of standardized values, keep the epoch with the lowest validation MSE (never the test
+split) and save it with save_checkpoint; ``linear`` is the closed-form channel-independent
+ridge baseline, its penalty chosen on the validation split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.ett import Scaler, load_split
+from models.forecast_stream import ForecastStream, LinearConfig, LinearForecaster
+from models.rsa import RSAConfig, RSAForecaster
+from models.rtransformer import RTransformerConfig, RTransformerForecaster
+from models.vanilla import VanillaConfig, VanillaForecaster
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ETT-small" / "ETTh1.csv"
+
+FAMILIES: dict[str, tuple[type, type]] = {
+    "rsa": (RSAConfig, RSAForecaster),
+    "rtransformer": (RTransformerConfig, RTransformerForecaster),
+    "vanilla": (VanillaConfig, VanillaForecaster),
+    "linear": (LinearConfig, LinearForecaster),
+}
+
+
+def build_forecaster(family: str, config: dict[str, Any] | Any) -> nn.Module:
+    """A forecaster of ``family`` from its config dataclass or that dataclass as a dict."""
+    config_class, model_class = FAMILIES[family]
+    if not dataclasses.is_dataclass(config):
+        names = {f.name for f in dataclasses.fields(config_class)}
+        config = config_class(**{key: value for key, value in config.items() if key in names})
+    return model_class(config)
+
+
+def load_stream(folder: str | Path) -> ForecastStream:
+    """The streaming segment model of a checkpoint folder: forecaster + its scaler, eval mode."""
+    checkpoint = load_checkpoint(folder)
+    model = build_forecaster(checkpoint.family, checkpoint.config)
+    model.load_state_dict(checkpoint.state_dict)
+    scaler = checkpoint.extras["scaler"]
+    stream = ForecastStream(model, len(scaler["mean"]), torch.tensor(scaler["mean"]), torch.tensor(scaler["std"]))
+    return stream.eval()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> dict[str, float]:
+    """MSE and MAE over all windows, variables and horizon steps (standardized values)."""
+    model.eval()
+    squared, absolute, count = 0.0, 0.0, 0
+    for start in range(0, len(x), batch_size):
+        xb = torch.as_tensor(np.ascontiguousarray(x[start : start + batch_size]), dtype=torch.float32)
+        yb = torch.as_tensor(np.ascontiguousarray(y[start : start + batch_size]), dtype=torch.float32)
+        error = (model(xb) - yb).double()
+        squared += float((error**2).sum())
+        absolute += float(error.abs().sum())
+        count += error.numel()
+    return {"mse": squared / count, "mae": absolute / count, "windows": int(len(x))}
+
+
+def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Channel-independent ridge on window minus last value: weight (H, L), bias (H,)."""
+    lookback, horizon = x.shape[1], y.shape[1]
+    xs = x.transpose(0, 2, 1).reshape(-1, lookback)  # (N*C, L)
+    ys = y.transpose(0, 2, 1).reshape(-1, horizon)  # (N*C, H)
+    last = xs[:, -1:]
+    design = np.hstack([xs - last, np.ones((len(xs), 1))])  # bias column, not penalized
+    penalty = alpha * np.eye(lookback + 1)
+    penalty[-1, -1] = 0.0
+    solution = np.linalg.solve(design.T @ design + penalty, design.T @ (ys - last))  # (L+1, H)
+    return solution[:-1].T, solution[-1]
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Train a forecaster on ETTh1 (Informer protocol).")
+    parser.add_argument("family", choices=sorted(FAMILIES))
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV (date column, then variables)")
+    parser.add_argument("--horizon", type=int, default=24, help="H, rows to forecast")
+    parser.add_argument("--lookback", type=int, default=96, help="L, rows of history")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--patience", type=int, default=5, help="stop after this many epochs without val gain")
+    parser.add_argument("--batch-size", type=int, default=128, help="windows per batch (x7 series)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--weight-decay", type=float, default=1e-4)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
+    parser.add_argument("--out", required=True, help="checkpoint folder to write")
+    parser.add_argument("--d-model", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d-ff", type=int, default=64)
+    parser.add_argument("--patch-len", type=int, default=8)
+    parser.add_argument("--stride", type=int, default=8)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--head-types", default="1,1,1,1,0,0", help="rsa: k1..k6 per layer")
+    parser.add_argument("--dilations", default="3", help="rsa: dilating factors (tokens), comma-separated")
+    parser.add_argument("--gate-init", type=float, default=0.0, help="rsa: initial mu, gate = sigmoid(mu)")
+    parser.add_argument("--window", type=int, default=3, help="rtransformer: LocalRNN window M (tokens)")
+    parser.add_argument(
+        "--init-linear",
+        choices=("ridge", "zero", "default"),
+        default="default",
+        help="direct linear path at init: the train-split ridge fit, zeros, or PyTorch's default",
+    )
+    parser.add_argument("--alphas", default="0.1,1,10,100,1000,10000", help="linear: ridge penalties tried on val")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> Any:
+    common = dict(n_vars=7, lookback=args.lookback, horizon=args.horizon)
+    shape = dict(
+        patch_len=args.patch_len,
+        stride=args.stride,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        d_ff=args.d_ff,
+        dropout=args.dropout,
+    )
+    if args.family == "rsa":
+        head_types = [int(v) for v in args.head_types.split(",")]
+        dilations = [int(v) for v in args.dilations.split(",")]
+        return RSAConfig(**common, **shape, head_types=head_types, dilations=dilations, gate_init=args.gate_init)
+    if args.family == "rtransformer":
+        return RTransformerConfig(**common, **shape, window=args.window)
+    return VanillaConfig(**common, **shape)
+
+
+def _hardware() -> str:
+    return (
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    )
+
+
+def train_main(argv: Sequence[str]) -> int:
+    args = _parser("rtserve train").parse_args(list(argv))
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    x_train, y_train, scaler, names = load_split(args.data, "train", args.lookback, args.horizon)
+    x_val, y_val, _, _ = load_split(args.data, "val", args.lookback, args.horizon, scaler)
+    x_test, y_test, _, _ = load_split(args.data, "test", args.lookback, args.horizon, scaler)
+    started = time.perf_counter()
+    recipe: dict[str, Any] = {"argv": ["rtserve", "train", *argv], "hardware": _hardware()}
+
+    if args.family == "linear":
+        best: tuple[float, float, Any] | None = None
+        for alpha in (float(v) for v in args.alphas.split(",")):
+            model = LinearForecaster(LinearConfig(7, args.lookback, args.horizon, alpha))
+            weight, bias = ridge_fit(x_train, y_train, alpha)
+            model.linear.weight.data = torch.tensor(weight, dtype=torch.float32)
+            model.linear.bias.data = torch.tensor(bias, dtype=torch.float32)
+            score = evaluate(model, x_val, y_val)["mse"]
+            if best is None or score < best[0]:
+                best = (score, alpha, model)
+        assert best is not None
+        model, config = best[2], best[2].config
+        recipe["alpha"] = best[1]
+    else:
+        config = _config(args)
+        model = build_forecaster(args.family, config)
+        if args.init_linear == "ridge":
+            weight, bias = ridge_fit(x_train, y_train, 1.0)
+            model.linear.weight.data = torch.tensor(weight, dtype=torch.float32)
+            model.linear.bias.data = torch.tensor(bias, dtype=torch.float32)
+        elif args.init_linear == "zero":
+            nn.init.zeros_(model.linear.weight)
+            nn.init.zeros_(model.linear.bias)
+        model, history = _fit(model, args, x_train, y_train, x_val, y_val)
+        recipe["history"] = history
+
+    train_seconds = time.perf_counter() - started
+    metrics = {"val": evaluate(model, x_val, y_val), "test": evaluate(model, x_test, y_test)}
+    recipe["train_seconds"] = round(train_seconds, 1)
+    parameters = sum(p.numel() for p in model.parameters())
+    extras = {
+        "task": "forecast",
+        "scaler": scaler.as_dict(),
+        "variables": names,
+        "lookback": args.lookback,
+        "horizon": args.horizon,
+        "seed": args.seed,
+        "parameters": parameters,
+        "metrics": metrics,
+        "recipe": recipe,
+    }
+    save_checkpoint(args.out, args.family, config, model.state_dict(), extras)
+    print(
+        json.dumps(
+            {
+                "out": args.out,
+                "family": args.family,
+                "parameters": parameters,
+                **metrics,
+                "train_seconds": recipe["train_seconds"],
+            }
+        )
+    )
+    return 0
+
+
+def _fit(
+    model: nn.Module,
+    args: argparse.Namespace,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+) -> tuple[nn.Module, list[dict[str, float]]]:
+    """AdamW on MSE with a cosine schedule; returns the epoch with the lowest val MSE."""
+    x = torch.as_tensor(np.ascontiguousarray(x_train), dtype=torch.float32)
+    y = torch.as_tensor(np.ascontiguousarray(y_train), dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    steps_per_epoch = math.ceil(len(x) / args.batch_size)
+    total = steps_per_epoch * args.epochs
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / total)))
+    generator = torch.Generator().manual_seed(args.seed)
+    best_state = {k: v.clone() for k, v in model.state_dict().items()}
+    best_val = evaluate(model, x_val, y_val)["mse"]
+    history = [{"epoch": 0, "val_mse": best_val}]
+    stale = 0
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        order = torch.randperm(len(x), generator=generator)
+        bar = tqdm(
+            range(steps_per_epoch), desc=f"{args.family} epoch {epoch}/{args.epochs}", file=sys.stderr, mininterval=5.0
+        )
+        running = 0.0
+        for index in bar:
+            batch = order[index * args.batch_size : (index + 1) * args.batch_size]
+            loss = nn.functional.mse_loss(model(x[batch]), y[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            running += loss.item()
+            bar.set_postfix(loss=f"{running / (index + 1):.4f}")
+        val = evaluate(model, x_val, y_val)["mse"]
+        history.append({"epoch": epoch, "train_mse": running / steps_per_epoch, "val_mse": val})
+        print(f"epoch {epoch}: train {running / steps_per_epoch:.4f} val {val:.4f}", file=sys.stderr)
+        if val < best_val:
+            best_val, stale = val, 0
+            best_state = {k: v.clone() for k, v in model.state_dict().items()}
+        else:
+            stale += 1
+            if stale >= args.patience:
+                break
+    model.load_state_dict(best_state)
+    return model, history
+
+
+def eval_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rtserve eval", description="Score a forecaster checkpoint.")
+    parser.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV")
+    parser.add_argument("--split", default="test", choices=("train", "val", "test", "all"))
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(list(argv))
+    torch.set_num_threads(args.threads)
+    folder = Path(args.checkpoint)
+    if not (folder / "config.json").exists():
+        raise SystemExit(f"rtserve eval: {folder} has no config.json; pass the checkpoint folder it was exported from")
+    checkpoint = load_checkpoint(folder)
+    model = build_forecaster(checkpoint.family, checkpoint.config)
+    model.load_state_dict(checkpoint.state_dict)
+    lookback, horizon = int(checkpoint.extras["lookback"]), int(checkpoint.extras["horizon"])
+    scaler = Scaler.from_dict(checkpoint.extras["scaler"])
+    x, y, _, _ = load_split(args.data, args.split, lookback, horizon, scaler)
+    result = {
+        "checkpoint": str(folder),
+        "family": checkpoint.family,
+        "data": args.data,
+        "split": args.split,
+        "lookback": lookback,
+        "horizon": horizon,
+        **evaluate(model, x, y),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+def plot_main(argv: Sequence[str]) -> int:
+    """Rolling H-step forecasts against actuals on the test split: one forecast every H rows.
+
+    ``python -m models.train_forecaster plot <checkpoint>... --out docs/forecast_etth1.png``
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parser = argparse.ArgumentParser(prog="python -m models.train_forecaster plot")
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint folders; the first sets L and H")
+    parser.add_argument("--data", default=str(DEFAULT_DATA))
+    parser.add_argument("--variables", default="OT,HUFL", help="comma-separated variable names to draw")
+    parser.add_argument("--start", type=int, default=0, help="first test window")
+    parser.add_argument("--forecasts", type=int, default=14, help="consecutive forecasts to draw")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(list(argv))
+    streams = [(Path(folder).name, load_stream(folder)) for folder in args.checkpoints]
+    lookback, horizon = streams[0][1].lookback, streams[0][1].horizon
+    checkpoint = load_checkpoint(args.checkpoints[0])
+    names = checkpoint.extras["variables"]
+    scaler = Scaler.from_dict(checkpoint.extras["scaler"])
+    x, y, _, _ = load_split(args.data, "test", lookback, horizon, scaler)
+    picks = [args.start + k * horizon for k in range(args.forecasts)]
+    variables = args.variables.split(",")
+    figure, axes = plt.subplots(len(variables), 1, figsize=(12, 3.2 * len(variables)), squeeze=False)
+    truth = np.concatenate([y[p] for p in picks])  # (forecasts*H, C), standardized
+    steps = np.arange(len(truth))
+    with torch.no_grad():
+        predictions = {}
+        for label, stream in streams:
+            xb = torch.as_tensor(np.ascontiguousarray(x[picks]), dtype=torch.float32)
+            predictions[label] = stream.forecaster(xb).numpy().reshape(-1, len(names))
+    for row, variable in enumerate(variables):
+        axis = axes[row, 0]
+        column = names.index(variable)
+        axis.plot(steps, truth[:, column], color="black", linewidth=1.5, label="actual")
+        for label, prediction in predictions.items():
+            axis.plot(steps, prediction[:, column], linewidth=1.0, label=label)
+        for boundary in range(0, len(truth), horizon):
+            axis.axvline(boundary, color="grey", linewidth=0.3)
+        axis.set_ylabel(f"{variable} (standardized)")
+        axis.legend(loc="upper right", fontsize=8)
+    axes[-1, 0].set_xlabel(
+        f"hours into the ETTh1 test split from window {args.start} (a new {horizon}-h forecast "
+        f"from the last {lookback} h at each grey line)"
+    )
+    figure.tight_layout()
+    figure.savefig(args.out, dpi=110)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    commands = {"train": train_main, "eval": eval_main, "plot": plot_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        raise SystemExit(f"usage: python -m models.train_forecaster {{{','.join(commands)}}} ...")
+    sys.exit(commands[sys.argv[1]](sys.argv[2:]))

@@ -1,0 +1,438 @@
+"""Training and evaluation recipe for the SRformer news summarizer (BBC News Summary).
+
+    rtserve train srformer --data ../shared/data/bbc-news-summary --cross-attention srformer \\
+        --segment-size 16 --seed 0 --out runs/srformer-s16-seed0
+    rtserve eval runs/srformer-s16-seed0 --data ../shared/data/bbc-news-summary --split test
+    python -m models.train_srformer lead --data ../shared/data/bbc-news-summary --split test
+
+Recipe (CPU-sized, see docs/summarization.md): the MiniLM-L6 encoder is frozen,
+so its outputs for every document (title + body, first ``max_source`` tokens,
+window by window) are computed once and cached under ``cache/`` (git-ignored)
+as fp16 safetensors; every run and every cross-attention mode reuses them. The
+decoder is trained teacher-forced with AdamW; after each epoch the dev loss and
+the greedy dev ROUGE (first ``--dev-limit`` documents) are measured and the
+epoch with the best dev ROUGE-1 is kept (the test split is never looked at).
+The checkpoint holds only the decoder (MiniLM's word embeddings and encoder
+come from the pip package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from models import bbc
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.srformer import SRformer, SRformerConfig, load_srformer
+
+CACHE_ROOT = Path("cache")
+
+
+# ---- frozen encoder cache -------------------------------------------------------------------
+@dataclasses.dataclass
+class Example:
+    key: str
+    source: torch.Tensor  # (k,) int64 WordPiece ids read by the encoder
+    enc: torch.Tensor  # (k, 384) fp16 MiniLM outputs
+    target: torch.Tensor  # (n,) int64 summary ids (no [CLS]/[SEP])
+    reference: str  # summary text
+
+
+def _cache_path(data: Path, max_source: int, window: int) -> Path:
+    stamp = f"{data.resolve()}-{(data / 'splits.json').stat().st_size if (data / 'splits.json').exists() else 0}"
+    key = hashlib.sha256(f"{stamp}-{max_source}-{window}-minilm-l6".encode()).hexdigest()[:10]
+    return CACHE_ROOT / f"srformer-bbc-k{max_source}-w{window}-{key}"
+
+
+@torch.no_grad()
+def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch_windows: int = 8) -> Path:
+    """Encode every document once (all windows, batched, padded) and store them as safetensors."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from models.minilm import load_minilm_encoder, load_minilm_tokenizer
+
+    folder = _cache_path(data, max_source, window)
+    done = folder / "index.json"
+    if done.exists():
+        index = json.loads(done.read_text())
+        if set(keys) <= set(index["keys"]):
+            return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_minilm_tokenizer()
+    encoder = load_minilm_encoder()
+    pairs = [bbc.read_pair(data, key) for key in keys]
+    sources = [torch.tensor(tokenizer.encode(p.document, add_special_tokens=False).ids[:max_source]) for p in pairs]
+    targets = [torch.tensor(tokenizer.encode(p.summary, add_special_tokens=False).ids) for p in pairs]
+    windows = [(d, start) for d, src in enumerate(sources) for start in range(0, len(src), window)]
+    windows.sort(key=lambda w: -min(window, len(sources[w[0]]) - w[1]))  # similar lengths together
+    outputs: dict[tuple[int, int], torch.Tensor] = {}
+    for b in tqdm(range(0, len(windows), batch_windows), desc="encoding (MiniLM, cached once)", file=sys.stderr):
+        chunk = windows[b: b + batch_windows]
+        pieces = [sources[d][start: start + window] for d, start in chunk]
+        width = max(len(p) for p in pieces) + 2
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros(len(chunk), width, dtype=torch.long)
+        for row, piece in enumerate(pieces):
+            ids[row, : len(piece) + 2] = torch.cat([torch.tensor([101]), piece, torch.tensor([102])])
+            mask[row, : len(piece) + 2] = 1
+        hidden = encoder(input_ids=ids, attention_mask=mask)  # (n, w+2, 384)
+        for row, (d, start) in enumerate(chunk):
+            outputs[(d, start)] = hidden[row, 1: 1 + len(pieces[row])].half()
+    tensors = {}
+    for d, key in enumerate(keys):
+        name = key.replace("/", "_")
+        starts = range(0, len(sources[d]), window)
+        tensors[f"{name}.enc"] = torch.cat([outputs[(d, s)] for s in starts]).contiguous()
+        tensors[f"{name}.source"] = sources[d].to(torch.int32).contiguous()
+        tensors[f"{name}.target"] = targets[d].to(torch.int32).contiguous()
+    save_file(tensors, str(folder / "encoded.safetensors"))
+    done.write_text(json.dumps({"keys": keys, "max_source": max_source, "window": window}))
+    return folder
+
+
+def load_examples(data: Path, split: str, max_source: int, window: int, limit: int | None = None
+                  ) -> list[Example]:
+    from safetensors import safe_open
+
+    folder = build_cache(data, bbc.all_keys(data), max_source, window)
+    keys = bbc.split_keys(data, split)[:limit] if limit else bbc.split_keys(data, split)
+    out = []
+    with safe_open(str(folder / "encoded.safetensors"), framework="pt") as f:
+        for key in keys:
+            name = key.replace("/", "_")
+            out.append(Example(key, f.get_tensor(f"{name}.source").long(), f.get_tensor(f"{name}.enc"),
+                               f.get_tensor(f"{name}.target").long(), bbc.read_pair(data, key).summary))
+    return out
+
+
+# ---- batches -------------------------------------------------------------------------------
+def collate(model: SRformer, examples: list[Example], max_target: int
+            ) -> tuple[torch.Tensor, ...]:
+    """Padded encoder outputs, mask, decoder inputs/labels and the candidate vocabulary."""
+    c = model.config
+    B = len(examples)
+    k = max(len(e.source) for e in examples)
+    enc = torch.zeros(B, k, c.embed_dim)
+    mask = torch.zeros(B, k, dtype=torch.bool)
+    source = torch.full((B, k), c.pad_id, dtype=torch.long)
+    targets = []
+    for b, e in enumerate(examples):
+        enc[b, : len(e.source)] = e.enc.float()
+        mask[b, : len(e.source)] = True
+        source[b, : len(e.source)] = e.source
+        t = e.target[: max_target]
+        if len(t) < max_target:
+            t = torch.cat([t, torch.tensor([c.eos_id])])  # the summary ends inside the budget
+        targets.append(t)
+    T = max(len(t) for t in targets)
+    tokens = torch.full((B, T), c.pad_id, dtype=torch.long)
+    labels = torch.full((B, T), c.pad_id, dtype=torch.long)
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    for b, t in enumerate(targets):
+        tokens[b, 0] = c.bos_id
+        tokens[b, 1: len(t)] = t[:-1]
+        labels[b, : len(t)] = t
+        valid[b, : len(t)] = True
+    vocab_ids, vocab_mask, src_index = model.vocab(source, mask)
+    # label -> its column in vocab_ids (ignored when absent: a token the source never had)
+    ordered = torch.where(vocab_mask, vocab_ids, torch.full_like(vocab_ids, torch.iinfo(torch.long).max))
+    pos = torch.searchsorted(ordered, labels).clamp(max=vocab_ids.shape[1] - 1)
+    found = ordered.gather(1, pos) == labels
+    target_index = torch.where(valid & found, pos, torch.full_like(pos, -100))
+    return enc, mask, source, tokens, target_index, vocab_ids, vocab_mask, src_index
+
+
+def batches(examples: list[Example], batch_size: int, rng: random.Random) -> list[list[Example]]:
+    """Length-bucketed shuffled batches (less padding)."""
+    order = sorted(examples, key=lambda e: len(e.source) + rng.random() * 60)
+    groups = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(groups)
+    return groups
+
+
+def loss_of(model: SRformer, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    enc, mask, source, tokens, target_index, vocab_ids, vocab_mask, src_index = batch
+    memory = model.memory(enc, mask, source)
+    logp = model(tokens, memory, mask, vocab_ids, vocab_mask, src_index)  # (B, T, V)
+    return F.nll_loss(logp.flatten(0, 1), target_index.flatten(), ignore_index=-100)
+
+
+@torch.no_grad()
+def summarize_examples(model: SRformer, examples: list[Example], tokenizer: object, beams: int = 1,
+                       no_repeat_ngram: int = 0, batch_size: int = 16) -> tuple[list[str], dict[str, float]]:
+    """Decode summaries from cached encoder outputs; returns texts and decode timing."""
+    model.eval()
+    texts, tokens, seconds = [], 0, 0.0
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i: i + batch_size]
+        enc, mask, source, *_ = collate(model, chunk, 1)
+        memory = model.memory(enc, mask, source)
+        started = time.perf_counter()
+        ids = model.generate(memory, mask, source, beams=beams, no_repeat_ngram=no_repeat_ngram)
+        seconds += time.perf_counter() - started
+        tokens += sum(len(x) + 1 for x in ids)
+        texts += [tokenizer.decode(x) for x in ids]  # type: ignore[attr-defined]
+    speed = {"decode_tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+             "decode_s_per_summary": round(seconds / max(len(examples), 1), 4),
+             "generated_tokens_mean": round(tokens / max(len(examples), 1), 1)}
+    return texts, speed
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def hardware(threads: int) -> str:
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads={threads}, CPU only"
+
+
+# ---- train ---------------------------------------------------------------------------------
+def train_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rtserve train srformer",
+                                     description="Train the SRformer news summarizer on BBC News Summary.")
+    parser.add_argument("family", choices=["srformer"])
+    parser.add_argument("--data", required=True, type=Path, help="bbc-news-summary folder (with splits.json)")
+    parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
+    parser.add_argument("--cross-attention", choices=["full", "segmented", "srformer"], default="srformer")
+    parser.add_argument("--segment-size", type=int, default=16, help="s: encoder positions per segment")
+    parser.add_argument("--summary-ratio", type=float, default=0.45, help="q = ceil(ratio * k): the schedule")
+    parser.add_argument("--recurrent-gate", action="store_true",
+                        help="srformer: O = O_S + g O_R with g learned per head from 0 (Eq. 10)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--time-budget", type=float, default=0, help="minutes; stop after the epoch that passes it")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--max-source", type=int, default=1024, help="tokens of each document read")
+    parser.add_argument("--max-target", type=int, default=400, help="summary tokens trained on")
+    parser.add_argument("--train-limit", type=int, default=0, help="use only the first N training pairs")
+    parser.add_argument("--dev-limit", type=int, default=40, help="dev pairs decoded for selection")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(list(argv))
+    from tqdm import tqdm
+
+    from models.minilm import load_minilm_tokenizer
+
+    torch.set_num_threads(args.threads)
+    seed_everything(args.seed)
+    config = SRformerConfig(cross_attention=args.cross_attention, segment_size=args.segment_size,
+                            summary_ratio=args.summary_ratio, recurrent_gate=args.recurrent_gate,
+                            d_model=args.d_model, n_layer=args.layers,
+                            n_head=args.heads, d_ff=4 * args.d_model, max_source=args.max_source,
+                            max_target=max(512, args.max_target + 1))
+    model = load_srformer(config=config).train()
+    tokenizer = load_minilm_tokenizer()
+    train = load_examples(args.data, "train", args.max_source, config.encoder_window, args.train_limit or None)
+    dev = load_examples(args.data, "dev", args.max_source, config.encoder_window)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+    steps_per_epoch = math.ceil(len(train) / args.batch_size)
+    total = args.epochs * steps_per_epoch
+    warmup = max(1, min(200, total // 10))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup) * max(0.05, 1 - step / max(total, 1)))
+    rng = random.Random(args.seed)
+    started = time.time()
+    best, history = None, []
+    n_params = sum(p.numel() for p in params)
+    progress = tqdm(total=total, desc=f"srformer {args.cross_attention} s={args.segment_size}", file=sys.stderr)
+    progress.write(json.dumps({"params": n_params, "train": len(train), "dev": len(dev)}))
+    for epoch in range(args.epochs):
+        model.train()
+        running, count = 0.0, 0
+        for group in batches(train, args.batch_size, rng):
+            loss = loss_of(model, collate(model, group, args.max_target))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            scheduler.step()
+            running, count = running + float(loss), count + 1
+            progress.update(1)
+            progress.set_postfix(loss=f"{running / count:.3f}")
+        model.eval()
+        with torch.no_grad():
+            dev_loss = sum(float(loss_of(model, collate(model, dev[i: i + 16], args.max_target)))
+                           for i in range(0, len(dev), 16)) / math.ceil(len(dev) / 16)
+        chosen = dev[: args.dev_limit]
+        texts, speed = summarize_examples(model, chosen, tokenizer)
+        scores = bbc.rouge_scores(texts, [e.reference for e in chosen])
+        record = {"epoch": epoch + 1, "train_loss": round(running / max(count, 1), 4),
+                  "dev_loss": round(dev_loss, 4), **{f"dev_{k}": v for k, v in scores.items()},
+                  "elapsed_s": round(time.time() - started, 1), **speed}
+        history.append(record)
+        progress.write(json.dumps(record))
+        if best is None or scores["rouge1"] > best:
+            best = scores["rouge1"]
+            extras = {"recipe": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                      "selected_epoch": epoch + 1, "history": history, "train_seconds": round(time.time() - started, 1),
+                      "hardware": hardware(args.threads), "params": n_params}
+            state = {k: v for k, v in model.state_dict().items()}
+            save_checkpoint(args.out, "srformer", config, state, extras)
+        if args.time_budget and time.time() - started > 60 * args.time_budget:
+            progress.write(f"time budget of {args.time_budget} min reached after epoch {epoch + 1}")
+            break
+    progress.close()
+    # keep the full history in the selected checkpoint
+    checkpoint = load_checkpoint(args.out)
+    checkpoint.extras["history"] = history
+    checkpoint.extras["train_seconds_total"] = round(time.time() - started, 1)
+    save_checkpoint(args.out, "srformer", config, checkpoint.state_dict, checkpoint.extras)
+    print(json.dumps({"out": str(args.out), "best_dev_rouge1": best, "epochs": len(history),
+                      "train_seconds": round(time.time() - started, 1)}))
+    return 0
+
+
+# ---- eval ----------------------------------------------------------------------------------
+def eval_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rtserve eval", description="ROUGE of an SRformer summarizer.")
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"])
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--beams", type=int, default=1)
+    parser.add_argument("--no-repeat-ngram", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--stream", action="store_true",
+                        help="encode through SummarizerStream (text in, no cache) instead of the cache")
+    args = parser.parse_args(list(argv))
+    from models.minilm import load_minilm_tokenizer
+
+    torch.set_num_threads(args.threads)
+    model = load_srformer(str(args.checkpoint))
+    tokenizer = load_minilm_tokenizer()
+    c = model.config
+    if args.stream:
+        from models.minilm import load_minilm_encoder
+        from models.srformer import SummarizerStream
+
+        stream = SummarizerStream(model, load_minilm_encoder(), tokenizer)
+        pairs = bbc.load_split(args.data, args.split, args.limit or None)
+        started = time.perf_counter()
+        texts = [stream.summarize(p.document, beams=args.beams, no_repeat_ngram=args.no_repeat_ngram)
+                 for p in pairs]
+        seconds = time.perf_counter() - started
+        references = [p.summary for p in pairs]
+        speed = {"encode_and_decode_s_per_summary": round(seconds / max(len(pairs), 1), 4)}
+    else:
+        examples = load_examples(args.data, args.split, c.max_source, c.encoder_window, args.limit or None)
+        texts, speed = summarize_examples(model, examples, tokenizer, args.beams, args.no_repeat_ngram)
+        references = [e.reference for e in examples]
+    scores = bbc.rouge_scores(texts, references)
+    print(json.dumps({"checkpoint": str(args.checkpoint), "split": args.split, "n": len(texts),
+                      "cross_attention": c.cross_attention, "segment_size": c.segment_size,
+                      "beams": args.beams, "no_repeat_ngram": args.no_repeat_ngram,
+                      "rouge1": scores["rouge1"], "rouge2": scores["rouge2"], "rougeL": scores["rougeL"],
+                      **speed, "threads": args.threads}))
+    return 0
+
+
+def lead_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.train_srformer lead")
+    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"])
+    parser.add_argument("--k", type=int, nargs="+", default=[3, 8])
+    args = parser.parse_args(list(argv))
+    pairs = bbc.load_split(args.data, args.split)
+    out = {"split": args.split, "n": len(pairs)}
+    for k in args.k:
+        out[f"lead{k}"] = bbc.rouge_scores([bbc.lead(p, k) for p in pairs], [p.summary for p in pairs])
+    print(json.dumps(out))
+    return 0
+
+
+def cache_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.train_srformer cache")
+    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--max-source", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(list(argv))
+    torch.set_num_threads(args.threads)
+    started = time.time()
+    folder = build_cache(args.data, bbc.all_keys(args.data), args.max_source, SRformerConfig().encoder_window)
+    print(json.dumps({"cache": str(folder), "seconds": round(time.time() - started, 1)}))
+    return 0
+
+
+def schedule_main(argv: Sequence[str]) -> int:
+    """How often the segment schedule i = min(t*m // q, m-1) holds the summary's next token.
+
+    Per reference summary token y_t: is y_t in segment i_t, and is there a source
+    position j in S_i that continues the summary (src[j-1] = y_{t-1}, src[j] = y_t)?
+    The last line counts that continuation anywhere in the document (full attention).
+    """
+    parser = argparse.ArgumentParser(prog="python -m models.train_srformer schedule")
+    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--segment-sizes", type=int, nargs="+", default=[8, 16, 64, 256])
+    parser.add_argument("--summary-ratio", type=float, default=0.45)
+    args = parser.parse_args(list(argv))
+    c = SRformerConfig()
+    examples = load_examples(args.data, args.split, c.max_source, c.encoder_window)
+    out: dict[str, object] = {"split": args.split, "n": len(examples)}
+    for size in args.segment_sizes:
+        inside = cont = total = 0
+        for e in examples:
+            src, tgt = e.source.tolist(), e.target.tolist()
+            k = len(src)
+            m, q = -(-k // size), math.ceil(args.summary_ratio * k)
+            for t, y in enumerate(tgt):
+                i = min(t * m // q, m - 1)
+                last = tgt[t - 1] if t else c.bos_id
+                inside += y in src[i * size: (i + 1) * size]
+                cont += any(src[j] == y and (src[j - 1] if j else c.bos_id) == last
+                            for j in range(i * size, min((i + 1) * size, k)))
+                total += 1
+        out[f"s{size}"] = {"target_in_segment": round(inside / total, 3),
+                           "continuation_in_segment": round(cont / total, 3)}
+    anywhere = total = 0
+    for e in examples:
+        src, tgt = e.source.tolist(), e.target.tolist()
+        pairs = set(zip([c.bos_id, *src[:-1]], src, strict=True))
+        for t, y in enumerate(tgt):
+            anywhere += ((tgt[t - 1] if t else c.bos_id), y) in pairs
+            total += 1
+    out["continuation_anywhere"] = round(anywhere / total, 3)
+    print(json.dumps(out))
+    return 0
+
+
+def ship_main(argv: Sequence[str]) -> int:
+    """Copy a run's checkpoint as the shipped artifact, weights in fp16 (MiniLM parts are not stored)."""
+    parser = argparse.ArgumentParser(prog="python -m models.train_srformer ship")
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(list(argv))
+    checkpoint = load_checkpoint(args.checkpoint)
+    half = {name: t.half() if t.is_floating_point() else t for name, t in checkpoint.state_dict.items()}
+    extras = dict(checkpoint.extras, weights_dtype="float16", source_run=str(args.checkpoint))
+    save_checkpoint(args.out, "srformer", checkpoint.config, half, extras)
+    size = sum(f.stat().st_size for f in args.out.iterdir())
+    print(json.dumps({"out": str(args.out), "bytes": size}))
+    return 0
+
+
+if __name__ == "__main__":
+    commands = {"lead": lead_main, "cache": cache_main, "train": train_main, "eval": eval_main, "ship": ship_main,
+                "schedule": schedule_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        raise SystemExit(f"usage: python -m models.train_srformer {{{','.join(commands)}}} ...")
+    sys.exit(commands[sys.argv[1]](sys.argv[2:]))

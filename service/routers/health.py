@@ -1,0 +1,57 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+
+from service.dependencies import MetricsDep, StoreDep
+from service.state_store import StateStoreUnavailable
+
+router = APIRouter(tags=["health"])
+
+
+class Health(BaseModel):
+    status: str = Field(description="`ok` when the process is alive.", examples=["ok"])
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="`ready` or `unavailable`.", examples=["ready"])
+    redis: str = Field(description="`ok` or why Redis cannot be used.", examples=["ok"])
+    models_loaded: int = Field(description="How many models are loaded and can serve.", examples=[5])
+    models_expected: int = Field(description="How many models the repository holds.", examples=[5])
+
+
+@router.get("/healthz", response_model=Health, summary="The process is alive")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    summary="Redis is reachable and every model in the repository is loaded",
+    responses={503: {"model": Readiness, "description": "Not ready: see `redis` and `models_loaded`."}},
+)
+async def readyz(request: Request, response: Response, store: StoreDep) -> Readiness:
+    try:
+        await store.ping()
+        redis_status = "ok"
+    except StateStoreUnavailable as error:
+        redis_status = str(error)
+    registry = getattr(request.app.state, "models", None)
+    loaded = registry.loaded_count() if registry is not None else 0
+    expected = registry.expected_count() if registry is not None else 0
+    ready = redis_status == "ok" and loaded == expected
+    if not ready:
+        response.status_code = 503
+        response.headers["Retry-After"] = "1"
+    return Readiness(
+        status="ready" if ready else "unavailable", redis=redis_status, models_loaded=loaded, models_expected=expected
+    )
+
+
+@router.get("/metrics", summary="Prometheus metrics (text exposition format)", response_class=Response)
+async def metrics(metrics: MetricsDep) -> Response:
+    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,1 @@
+"""Runtime: model repository, backends (ONNX Runtime, TorchScript, eager PyTorch), dynamic batcher, pipelines."""

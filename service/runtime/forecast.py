@@ -1,0 +1,74 @@
+"""Forecasting: series rows in, the next H rows out.
+
+State (bounded by the configuration): the last L rows (``window``) and the
+count of rows seen. Each piece of rows is one ``step`` of the exported graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.runtime.batcher import DynamicBatcher
+from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
+
+
+class ForecastPipeline:
+    task = "forecast"
+    input_kind = "rows"
+
+    def __init__(self, manifest: Mapping[str, Any], entry: Path, graphs: Mapping[str, DynamicBatcher]) -> None:
+        self.manifest = manifest
+        self.step = graphs["step"]
+        self.initial_state = load_initial_state(entry)
+        settings = manifest["settings"]
+        self.lookback, self.horizon = int(settings["lookback"]), int(settings["horizon"])
+        self.variables = list(settings["variables"])
+
+    def new_state(self) -> Arrays:
+        return dict(self.initial_state)
+
+    def rows_to_array(self, rows: Sequence[Sequence[float]]) -> np.ndarray:
+        if not rows:
+            raise InputError("`rows` is empty: send at least one row")
+        width = len(self.variables)
+        for index, row in enumerate(rows):
+            if len(row) != width:
+                raise InputError(
+                    f"row {index} has {len(row)} values; this model reads {width} per row, in the order "
+                    f"{self.variables}"
+                )
+        values = np.asarray(rows, dtype=np.float32)
+        if not np.isfinite(values).all():
+            raise InputError("`rows` holds NaN or infinite values; fill or drop missing observations first")
+        return values[None]  # (1, T, C)
+
+    async def consume(self, state: Mapping[str, np.ndarray], piece: Sequence[Sequence[float]]) -> Consumed:
+        values = self.rows_to_array(piece)
+        out = await self.step.submit({"window": state["window"], "rows_seen": state["rows_seen"], "values": values})
+        new_state = {"window": out["next_window"], "rows_seen": out["next_rows_seen"]}
+        return Consumed(new_state, self._result(out), consumed=values.shape[1], segments=1)
+
+    async def finish(
+        self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
+        stream: bool = False, options: Mapping[str, Any] | None = None,
+    ) -> Finished:
+        """The forecast after the last piece: every step already produced it, nothing to recompute."""
+        rows_seen = int(state["rows_seen"][0])
+        if last_result is None or last_result.get("forecast") is None:
+            raise InputError(f"the model needs {self.lookback} rows of history to forecast; it has seen {rows_seen}")
+        return Finished(dict(last_result))
+
+    def _result(self, out: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        rows_seen = int(out["next_rows_seen"][0])
+        ready = bool(out["ready"][0])
+        return {
+            "forecast": out["forecast"][0].astype(float).tolist() if ready else None,
+            "horizon": self.horizon,
+            "variables": self.variables,
+            "rows_seen": rows_seen,
+            "rows_needed": max(0, self.lookback - rows_seen),
+        }

@@ -1,0 +1,68 @@
+"""What a task pipeline is: the segment contract, in numpy, over batched graphs.
+
+A pipeline turns user pieces (text, series rows) into graph steps and graph
+outputs into answers. It holds no per-session memory: everything a session
+needs between pieces is in ``state`` (named arrays, batch axis of size 1),
+plus, for models whose state must grow, append-only ``chunks`` that the
+session store writes once and never rewrites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from safetensors.numpy import load as safetensors_load
+
+Arrays = dict[str, np.ndarray]
+
+
+class InputError(ValueError):
+    """The request's content cannot be processed as given (HTTP 422); the message says what to change."""
+
+
+@dataclass
+class Consumed:
+    state: Arrays  # the new bounded state
+    result: dict[str, Any]  # the running result the client sees after this piece
+    consumed: int  # tokens / rows this piece added
+    chunk: Arrays | None = None  # append-only part of the state written by this piece (SRformer)
+    segments: int = 0  # graph steps applied
+
+
+@dataclass
+class Finished:
+    result: dict[str, Any]
+    tokens: AsyncIterator[str] | None = field(default=None)  # summaries can stream token by token
+
+
+class Pipeline(Protocol):
+    task: str
+    input_kind: str  # "text" | "rows"
+
+    def new_state(self) -> Arrays: ...
+
+    async def consume(self, state: Mapping[str, np.ndarray], piece: Any) -> Consumed: ...
+
+    async def finish(
+        self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
+        stream: bool = False, options: Mapping[str, Any] | None = None,
+    ) -> Finished: ...
+
+
+def load_initial_state(entry: Path) -> Arrays:
+    """``init_state(1)`` as the exporter wrote it (learned initial memory, zeros, ...)."""
+    return dict(safetensors_load((entry / "initial_state.safetensors").read_bytes()))
+
+
+async def run_whole(
+    pipeline: Pipeline, piece: Any, stream: bool = False, options: Mapping[str, Any] | None = None
+) -> tuple[Consumed, Finished]:
+    """A one-shot request: the same ``consume`` and ``finish`` a session runs, on one piece."""
+    consumed = await pipeline.consume(pipeline.new_state(), piece)
+    chunks = [consumed.chunk] if consumed.chunk else []
+    finished = await pipeline.finish(consumed.state, chunks, consumed.result, stream=stream, options=options)
+    return consumed, finished

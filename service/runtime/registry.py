@@ -1,0 +1,176 @@
+"""The models the service serves, discovered from the model repository alone.
+
+``<repository>/<name>/<version>/manifest.json`` marks an entry. Each loaded
+model gets a backend per graph (ONNX Runtime, TorchScript or eager PyTorch,
+per model from the settings), a dynamic batcher per graph, and the pipeline
+of its task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.metrics import ServiceMetrics
+from service.runtime.backends import load_backends
+from service.runtime.batcher import DynamicBatcher
+from service.runtime.pipeline import Pipeline
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+PIPELINES = {
+    "forecast": "service.runtime.forecast:ForecastPipeline",
+    "classify": "service.runtime.classify:ClassifyPipeline",
+    "summarize": "service.runtime.summarize:SummarizePipeline",
+}
+TASKS = tuple(PIPELINES)
+
+
+class UnknownModel(LookupError):
+    """No such model / version / task in the repository (HTTP 404)."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    version: str
+    entry: Path
+    manifest: dict[str, Any]
+    backend: str
+    providers: list[str]
+    batchers: dict[str, DynamicBatcher]
+    pipeline: Pipeline
+
+    @property
+    def task(self) -> str:
+        return str(self.manifest["task"])
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (-1, version)
+
+
+def discover(repository: Path) -> dict[str, dict[str, Path]]:
+    """``{name: {version: entry folder}}`` of every entry with a manifest."""
+    found: dict[str, dict[str, Path]] = {}
+    if not repository.is_dir():
+        return found
+    for manifest in sorted(repository.glob("*/*/manifest.json")):
+        entry = manifest.parent
+        found.setdefault(entry.parent.name, {})[entry.name] = entry
+    return found
+
+
+def load_model(
+    entry: Path,
+    backend: str,
+    settings: Settings,
+    metrics: ServiceMetrics | None = None,
+    name: str | None = None,
+    version: str | None = None,
+) -> LoadedModel:
+    """One repository entry, ready to serve: backends, a batcher per graph, the task's pipeline."""
+    manifest = json.loads((entry / "manifest.json").read_text())
+    name, version = name or manifest["name"], version or manifest["version"]
+    backends = load_backends(entry, manifest, backend)
+    batchers = {
+        graph: DynamicBatcher(
+            runner,
+            f"{name}:{version}",
+            graph,
+            settings.max_batch_size,
+            settings.max_queue_delay_ms / 1000,
+            metrics,
+        )
+        for graph, runner in backends.items()
+    }
+    module_name, class_name = PIPELINES[manifest["task"]].split(":")
+    pipeline_class = getattr(importlib.import_module(module_name), class_name)
+    pipeline = pipeline_class(manifest, entry, batchers)
+    providers = sorted({p for runner in backends.values() for p in runner.providers})
+    return LoadedModel(name, version, entry, manifest, backend, providers, batchers, pipeline)
+
+
+class ModelRegistry:
+    def __init__(self, settings: Settings, metrics: ServiceMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.entries = discover(settings.model_repository)
+        self.models: dict[str, LoadedModel] = {}  # "name:version" -> model
+        self.errors: dict[str, str] = {}
+
+    def expected_count(self) -> int:
+        return sum(len(versions) for versions in self.entries.values())
+
+    def loaded_count(self) -> int:
+        return len(self.models)
+
+    async def load_all(self) -> None:
+        for name, versions in self.entries.items():
+            for version, entry in versions.items():
+                try:
+                    model = await asyncio.to_thread(self._load, name, version, entry)
+                except Exception as error:  # one broken entry must not take the others down
+                    log.exception("cannot load %s:%s from %s", name, version, entry)
+                    self.errors[f"{name}:{version}"] = f"{type(error).__name__}: {error}"
+                    continue
+                self.models[model.ref] = model
+                log.info("loaded %s (%s, %s backend, %s)", model.ref, model.task, model.backend, model.providers)
+
+    def _load(self, name: str, version: str, entry: Path) -> LoadedModel:
+        backend = self.settings.model_backends.get(name, self.settings.backend)
+        return load_model(entry, backend, self.settings, self.metrics, name, version)
+
+    def resolve(self, model: str | None, task: str | None) -> LoadedModel:
+        """``model`` is ``name`` (latest version) or ``name:version``; without it, the task's default."""
+        if model is None:
+            if task is None:
+                raise UnknownModel("name a `model` or a `task`")
+            model = self.settings.default_models.get(task) or self._first_for_task(task)
+        name, _, version = model.partition(":")
+        versions = [ref.split(":", 1)[1] for ref in self.models if ref.split(":", 1)[0] == name]
+        if not versions:
+            raise UnknownModel(f"no model named {name!r}; loaded models: {sorted(self.models)}")
+        chosen = version or max(versions, key=_version_key)
+        loaded = self.models.get(f"{name}:{chosen}")
+        if loaded is None:
+            raise UnknownModel(f"model {name!r} has no version {chosen!r}; versions: {sorted(versions)}")
+        if task is not None and loaded.task != task:
+            raise UnknownModel(f"model {loaded.ref} serves {loaded.task!r}, not {task!r}")
+        return loaded
+
+    def _first_for_task(self, task: str) -> str:
+        candidates = sorted(m.ref for m in self.models.values() if m.task == task)
+        if not candidates:
+            raise UnknownModel(f"no loaded model serves {task!r}; loaded models: {sorted(self.models)}")
+        return candidates[0].split(":", 1)[0]
+
+    def describe(self) -> list[Mapping[str, Any]]:
+        return [
+            {
+                "name": m.name,
+                "version": m.version,
+                "task": m.task,
+                "family": m.manifest["family"],
+                "backend": m.backend,
+                "providers": m.providers,
+                "manifest": m.manifest,
+            }
+            for m in sorted(self.models.values(), key=lambda m: m.ref)
+        ]
+
+    async def close(self) -> None:
+        for model in self.models.values():
+            for batcher in model.batchers.values():
+                await batcher.close()

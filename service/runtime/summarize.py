@@ -1,0 +1,176 @@
+"""Summarization with SRformer: text pieces -> encoder windows (append-only) -> search over decoder steps.
+
+Session state, bounded: the text cutter's pending text and ids, the running K'V and sum(K^2)
+accumulators per decoder layer (Eq. 15, 13), the last source token and a token count. Each
+closed encoder window (``encoder_window`` tokens) is one ``encode_window`` step whose keys,
+values and ids are appended as a chunk: a piece writes O(its own text), never O(document).
+Finish closes the last window, gathers the chunks, and runs greedy or beam search over the
+``decode_step`` graph (Algorithm 1), optionally streaming the summary as it is generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from models.text_stream import SegmentCutter
+from service.runtime.batcher import DynamicBatcher
+from service.runtime.decoding import Cache, beam_search, greedy, repeat_rows
+from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
+
+
+class SummarizePipeline:
+    task = "summarize"
+    input_kind = "text"
+
+    def __init__(self, manifest: Mapping[str, Any], entry: Path, graphs: Mapping[str, DynamicBatcher]) -> None:
+        self.manifest = manifest
+        self.settings = s = manifest["settings"]
+        self.encode, self.decode = graphs["encode_window"], graphs["decode_step"]
+        decode_graph = next(g for g in manifest["graphs"] if g["name"] == "decode_step")
+        self.cache_outputs = dict(decode_graph["state_outputs"])  # cache input name -> output name
+        self.layers, self.heads, self.head_dim = int(s["n_layer"]), int(s["n_head"]), int(s["head_dim"])
+        self.tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
+        self.cutter = SegmentCutter(
+            self.tokenizer, int(s["encoder_window"]) + 2, int(s["max_windows"]), int(s["pending_bytes"])
+        )
+        self.max_source = int(s["max_source"]) or None
+        self.initial_state = load_initial_state(entry)
+
+    def new_state(self) -> Arrays:
+        return dict(self.initial_state)
+
+    # ---- reading the document ------------------------------------------------------------------
+    async def consume(self, state: Mapping[str, np.ndarray], piece: str) -> Consumed:
+        before = int(state["source_tokens"][0]) + int(state["pending_ids_len"][0])
+        cut_state, windows = self.cutter.feed(state, piece)
+        new_state, chunk = await self._encode(cut_state, windows)
+        read = int(new_state["source_tokens"][0]) + int(new_state["pending_ids_len"][0])
+        result = {"tokens": read, "encoded_tokens": int(new_state["source_tokens"][0]),
+                  "windows": int(new_state["segments_done"][0])}
+        return Consumed(new_state, result, consumed=read - before, chunk=chunk, segments=len(windows))
+
+    async def _encode(self, state: dict[str, np.ndarray], windows: list) -> tuple[dict[str, np.ndarray], Arrays | None]:
+        parts: list[Arrays] = []
+        for ids, mask in windows:  # each window's keys see the token before it (first_prev)
+            content = ids[1 : int(mask.sum()) - 1]  # drop [CLS] ... [SEP]
+            done = int(state["source_tokens"][0])
+            if self.max_source is not None:
+                content = content[: max(self.max_source - done, 0)]  # the model reads no further
+            if content.size == 0:
+                continue
+            out = await self.encode.submit({"window_ids": content[None], "first_prev": state["last_source_id"]})
+            part: Arrays = {"source_ids": content[None]}
+            for layer in range(self.layers):
+                part[f"k{layer}"], part[f"v{layer}"] = out[f"k{layer}"], out[f"v{layer}"]
+                state[f"kv{layer}"] = state[f"kv{layer}"] + out[f"kv{layer}"]
+                state[f"ksq{layer}"] = state[f"ksq{layer}"] + out[f"ksq{layer}"]
+            state["last_source_id"] = content[-1:].astype(np.int64)
+            state["source_tokens"] = state["source_tokens"] + content.size
+            parts.append(part)
+        if not parts:
+            return state, None
+        axis = {"source_ids": 1} | {f"{kind}{layer}": 2 for layer in range(self.layers) for kind in "kv"}
+        return state, {name: np.concatenate([p[name] for p in parts], axis=axis[name]) for name in parts[0]}
+
+    # ---- writing the summary -------------------------------------------------------------------
+    async def finish(
+        self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
+        stream: bool = False, options: Mapping[str, Any] | None = None,
+    ) -> Finished:
+        options = options or {}
+        cut_state, windows = self.cutter.flush(state)
+        final_state, chunk = await self._encode(cut_state, windows)
+        chunks = [*chunks, chunk] if chunk is not None else list(chunks)
+        if not chunks:
+            raise InputError("the document has no text to summarize")
+        memory, source_ids = self._memory(final_state, chunks)
+        beams = int(options.get("beam_size") or self.settings["beam_size"])
+        limit = self._limit(source_ids.shape[1], options.get("max_length"))
+        result: dict[str, Any] = {"summary": "", "tokens": int(source_ids.shape[1]), "summary_tokens": 0}
+
+        async def run(on_token: Callable[[list[int]], Awaitable[None]] | None = None) -> list[int]:
+            ids = await self._search(memory, source_ids, limit, beams, on_token)
+            result.update(summary=self.tokenizer.decode(ids), summary_tokens=len(ids))
+            return ids
+
+        if not stream:
+            await run()
+            return Finished(result)
+        return Finished(result, self._stream(run, beams))
+
+    async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int) -> AsyncIterator[str]:
+        """Text as it is generated (greedy: token by token; beam search: at the end)."""
+        queue: asyncio.Queue[str | None] = asyncio.Queue()
+        sent = ""
+
+        async def on_token(ids: list[int]) -> None:
+            nonlocal sent
+            text = self.tokenizer.decode(ids)
+            if text.startswith(sent) and len(text) > len(sent):  # WordPiece may rewrite the last word's end
+                queue.put_nowait(text[len(sent) :])
+                sent = text
+
+        task = asyncio.create_task(run(on_token if beams == 1 else None))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        while (delta := await queue.get()) is not None:
+            yield delta
+        ids = await task  # re-raises a failed search
+        text = self.tokenizer.decode(ids)
+        if text.startswith(sent) and len(text) > len(sent):
+            yield text[len(sent) :]
+
+    def _memory(self, state: Mapping[str, np.ndarray], chunks: list[Arrays]) -> tuple[Arrays, np.ndarray]:
+        memory: Arrays = {}
+        for layer in range(self.layers):
+            memory[f"k{layer}"] = np.concatenate([c[f"k{layer}"] for c in chunks], axis=2)
+            memory[f"v{layer}"] = np.concatenate([c[f"v{layer}"] for c in chunks], axis=2)
+            memory[f"kv{layer}"], memory[f"ksq{layer}"] = state[f"kv{layer}"], state[f"ksq{layer}"]
+        return memory, np.concatenate([c["source_ids"] for c in chunks], axis=1)
+
+    def _limit(self, source_tokens: int, max_length: int | None) -> int:
+        s = self.settings
+        q = int(s["summary_length"]) or max(1, math.ceil(float(s["summary_ratio"]) * source_tokens))
+        return min(int(max_length) if max_length else math.ceil(1.25 * q), int(s["max_target"]))
+
+    def _vocabulary(self, source_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate output ids (V,) and the column of each source token (k,)."""
+        if self.settings["output_vocab"] == "full":
+            vocab_ids = np.arange(int(self.settings["vocab_size"]), dtype=np.int64)
+        else:  # the document's own ids and [SEP]: extractive news summaries copy from the article
+            vocab_ids = np.unique(np.append(source_ids[0], int(self.settings["eos_id"]))).astype(np.int64)
+        return vocab_ids, np.searchsorted(vocab_ids, source_ids[0]).astype(np.int64)
+
+    async def _search(
+        self, memory: Arrays, source_ids: np.ndarray, limit: int, beams: int,
+        on_token: Callable[[list[int]], Awaitable[None]] | None,
+    ) -> list[int]:
+        vocab_ids, src_index = self._vocabulary(source_ids)
+        rows = beams
+        fixed = repeat_rows({
+            "mask": np.ones_like(source_ids, dtype=bool), "vocab_ids": vocab_ids[None],
+            "vocab_mask": np.ones((1, len(vocab_ids)), dtype=bool), "src_index": src_index[None], **memory,
+        }, rows)
+        cache: Cache = {"prev": np.full(rows, -1, dtype=np.int64), "last": np.full(rows, -1, dtype=np.int64)}
+        for layer in range(self.layers):
+            empty = np.zeros((rows, self.heads, 0, self.head_dim), dtype=np.float32)
+            square = np.zeros((rows, self.heads, self.head_dim, self.head_dim), dtype=np.float32)
+            cache |= {f"self_k{layer}": empty, f"self_v{layer}": empty,
+                      f"membrane{layer}": square, f"raf_out{layer}": square}
+
+        async def step(tokens: np.ndarray, t: int, cache: Cache) -> tuple[np.ndarray, Cache]:
+            inputs = {"token": tokens, "t": np.full(len(tokens), t, dtype=np.int64), **fixed, **cache}
+            out = await self.decode.submit(inputs)
+            return out["logp"], {name: out[output] for name, output in self.cache_outputs.items()}
+
+        s = self.settings
+        bos, eos, no_repeat = int(s["bos_id"]), int(s["eos_id"]), int(s["no_repeat_ngram"])
+        if beams == 1:
+            return await greedy(step, cache, bos, eos, vocab_ids, limit, no_repeat, on_token)
+        return await beam_search(step, cache, bos, eos, vocab_ids, limit, no_repeat, beams)

@@ -1,0 +1,285 @@
+"""Sessions: long inputs sent piece by piece, the recurrent state in Redis only.
+
+Keys of one session share one hash slot (``<prefix>:{<id>}:...``):
+
+- ``meta``   hash: model, task, owner, seq (last applied), created, deadline, consumed, segments,
+             state_bytes (bounded state), chunk_bytes (appended state), piece_sha (hash of the last applied
+             piece), status (open | finished)
+- ``state``  safetensors bytes of the bounded state
+- ``result`` JSON of the result of the last applied piece (returned again on a retry)
+- ``chunks`` list of safetensors blobs, append-only (state that grows, e.g. SRformer's per-window keys/values)
+- ``lock``   short-lived marker of the replica applying the next piece
+
+A piece is applied exactly once: the commit is one Lua script that checks
+the sequence number it read is still current (compare-and-set) and writes
+state, result and chunk together or not at all. Idle sessions expire after
+the TTL; none outlives its maximum lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from service.metrics import ServiceMetrics
+from service.runtime.pipeline import Arrays, Consumed
+from service.settings import Settings
+from service.state_store import StateStore
+from service.tensor_codec import decode_tensors, encode_tensors
+
+COMMIT_SCRIPT = """
+-- KEYS: meta, state, result, chunks
+-- ARGV: expected_seq, new_seq, state, result, ttl, piece_sha, consumed, segments, state_bytes,
+--       chunk (optional, appended)
+local current = redis.call('HGET', KEYS[1], 'seq')
+if not current then return -1 end
+if tonumber(current) ~= tonumber(ARGV[1]) then return 0 end
+if redis.call('HGET', KEYS[1], 'status') == 'finished' then return -2 end
+redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'piece_sha', ARGV[6], 'state_bytes', ARGV[9])
+redis.call('HINCRBY', KEYS[1], 'consumed', ARGV[7])
+redis.call('HINCRBY', KEYS[1], 'segments', ARGV[8])
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[5])
+redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5])
+if ARGV[10] then
+  redis.call('RPUSH', KEYS[4], ARGV[10])
+  redis.call('HINCRBY', KEYS[1], 'chunk_bytes', string.len(ARGV[10]))
+end
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[4], ARGV[5])
+return 1
+"""
+
+FINISH_SCRIPT = """
+-- KEYS: meta, result; ARGV: seq it was computed at, result, ttl
+local current = redis.call('HGET', KEYS[1], 'seq')
+if not current then return -1 end
+if tonumber(current) ~= tonumber(ARGV[1]) then return 0 end
+if redis.call('HGET', KEYS[1], 'status') == 'finished' then return 2 end
+redis.call('HSET', KEYS[1], 'status', 'finished')
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+LOCK_MILLISECONDS = 30_000
+
+
+class SessionNotFound(LookupError):
+    """Unknown, expired, deleted, or owned by another API key (HTTP 404)."""
+
+
+class SequenceConflict(RuntimeError):
+    """Gap, stale or conflicting sequence number (HTTP 409); ``expected`` is the next number to send."""
+
+    def __init__(self, message: str, expected: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+
+
+class SessionLimit(RuntimeError):
+    """Too many sessions for a key or pieces for a session (HTTP 429)."""
+
+
+class SessionFinished(RuntimeError):
+    """The session was finished; it takes no more pieces (HTTP 409)."""
+
+
+@dataclass
+class SessionMeta:
+    id: str
+    model: str
+    task: str
+    owner: str
+    seq: int
+    created: float
+    deadline: float
+    consumed: int
+    segments: int
+    state_bytes: int  # bounded state + appended chunks
+    piece_sha: str
+    status: str
+    ttl_seconds: int  # remaining
+
+    @classmethod
+    def from_hash(cls, session_id: str, fields: Mapping[bytes, bytes], ttl: int) -> SessionMeta:
+        f = {key.decode(): value.decode() for key, value in fields.items()}
+        return cls(
+            id=session_id, model=f["model"], task=f["task"], owner=f["owner"], seq=int(f["seq"]),
+            created=float(f["created"]), deadline=float(f["deadline"]), consumed=int(f["consumed"]),
+            segments=int(f["segments"]), state_bytes=int(f["state_bytes"]) + int(f.get("chunk_bytes", 0)),
+            piece_sha=f.get("piece_sha", ""),
+            status=f.get("status", "open"), ttl_seconds=max(ttl, 0),
+        )
+
+    @property
+    def expires_at(self) -> float:
+        return time.time() + self.ttl_seconds
+
+
+def owner_of(api_key: str | None) -> str:
+    """Sessions are owned by a hash of the API key, never the key itself."""
+    return hashlib.sha256(api_key.encode()).hexdigest()[:32] if api_key else "anonymous"
+
+
+def piece_digest(piece: Any) -> str:
+    return hashlib.sha256(json.dumps(piece, separators=(",", ":")).encode()).hexdigest()
+
+
+class SessionStore:
+    def __init__(self, store: StateStore, settings: Settings, metrics: ServiceMetrics) -> None:
+        self.store = store
+        self.redis = store.client
+        self.settings = settings
+        self.metrics = metrics
+        self._commit = self.redis.register_script(COMMIT_SCRIPT)
+        self._finish = self.redis.register_script(FINISH_SCRIPT)
+        self._release = self.redis.register_script(RELEASE_SCRIPT)
+
+    def _keys(self, session_id: str) -> dict[str, str]:
+        return {part: self.store.key(session_id, part) for part in ("meta", "state", "result", "chunks", "lock")}
+
+    def _owner_key(self, owner: str) -> str:
+        return f"{self.store.prefix}:owner:{owner}:sessions"
+
+    def _ttl(self, deadline: float) -> int:
+        return max(1, min(self.settings.session_ttl_seconds, int(deadline - time.time())))
+
+    async def create(self, model: str, task: str, owner: str, state: Arrays) -> SessionMeta:
+        now = time.time()
+        deadline = now + self.settings.session_max_lifetime_seconds
+        await self._check_session_quota(owner, now)
+        session_id = secrets.token_urlsafe(24)  # 192 random bits
+        keys = self._keys(session_id)
+        blob = encode_tensors(state)
+        ttl = self._ttl(deadline)
+        fields = {
+            "model": model, "task": task, "owner": owner, "seq": 0, "created": now, "deadline": deadline,
+            "consumed": 0, "segments": 0, "state_bytes": len(blob), "piece_sha": "", "status": "open",
+        }
+        with self.store.unavailable_as_error(), self.metrics.time_redis("create"):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(keys["meta"], mapping=fields).expire(keys["meta"], ttl)
+                pipe.set(keys["state"], blob, ex=ttl)
+                await pipe.execute()
+            await self.redis.zadd(self._owner_key(owner), {session_id: deadline})
+        return SessionMeta.from_hash(
+            session_id, {k.encode(): str(v).encode() for k, v in fields.items()}, ttl
+        )
+
+    async def _check_session_quota(self, owner: str, now: float) -> None:
+        key = self._owner_key(owner)
+        with self.store.unavailable_as_error():
+            await self.redis.zremrangebyscore(key, "-inf", now)
+            members = [m.decode() for m in await self.redis.zrange(key, 0, -1)]
+            if len(members) < self.settings.max_sessions_per_key:
+                return
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for member in members:
+                    pipe.exists(self.store.key(member, "meta"))
+                alive = await pipe.execute()
+            gone = [m for m, exists in zip(members, alive, strict=True) if not exists]
+            if gone:
+                await self.redis.zrem(key, *gone)
+            if len(members) - len(gone) >= self.settings.max_sessions_per_key:
+                raise SessionLimit(
+                    f"this API key holds {len(members) - len(gone)} live sessions, the limit is "
+                    f"{self.settings.max_sessions_per_key}: finish or DELETE some first"
+                )
+
+    async def meta(self, session_id: str, owner: str) -> SessionMeta:
+        keys = self._keys(session_id)
+        with self.store.unavailable_as_error(), self.metrics.time_redis("meta"):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                fields, ttl = await pipe.hgetall(keys["meta"]).ttl(keys["meta"]).execute()
+        if not fields:
+            raise SessionNotFound(f"session {session_id} does not exist or has expired")
+        meta = SessionMeta.from_hash(session_id, fields, ttl)
+        if meta.owner != owner:
+            raise SessionNotFound(f"session {session_id} does not exist or has expired")
+        return meta
+
+    async def snapshot(self, session_id: str, owner: str) -> tuple[SessionMeta, Arrays, dict[str, Any] | None]:
+        """Meta, state and last result, read together in one transaction."""
+        keys = self._keys(session_id)
+        with self.store.unavailable_as_error(), self.metrics.time_redis("snapshot"):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(keys["meta"]).ttl(keys["meta"]).get(keys["state"]).get(keys["result"])
+                fields, ttl, blob, result = await pipe.execute()
+        if not fields or blob is None:
+            raise SessionNotFound(f"session {session_id} does not exist or has expired")
+        meta = SessionMeta.from_hash(session_id, fields, ttl)
+        if meta.owner != owner:
+            raise SessionNotFound(f"session {session_id} does not exist or has expired")
+        return meta, decode_tensors(blob), (json.loads(result) if result else None)
+
+    async def chunks(self, session_id: str) -> list[Arrays]:
+        with self.store.unavailable_as_error(), self.metrics.time_redis("chunks"):
+            blobs = await self.redis.lrange(self._keys(session_id)["chunks"], 0, -1)
+        return [decode_tensors(blob) for blob in blobs]
+
+    async def acquire(self, session_id: str, seq: int) -> str | None:
+        """A short lock so concurrent copies of one piece wait for one replica instead of all computing it."""
+        token = f"{seq}:{secrets.token_hex(8)}"
+        with self.store.unavailable_as_error():
+            ok = await self.redis.set(self._keys(session_id)["lock"], token, nx=True, px=LOCK_MILLISECONDS)
+        return token if ok else None
+
+    async def release(self, session_id: str, token: str) -> None:
+        with self.store.unavailable_as_error():
+            await self._release(keys=[self._keys(session_id)["lock"]], args=[token])
+
+    async def commit(self, meta: SessionMeta, seq: int, piece_sha: str, consumed: Consumed) -> int:
+        """Apply piece ``seq`` if ``meta.seq`` is still current.
+
+        Returns 1 applied, 0 lost the race to another replica, -1 session gone, -2 session finished.
+        """
+        keys = self._keys(meta.id)
+        state_blob = encode_tensors(consumed.state)
+        chunk_blob = encode_tensors(consumed.chunk) if consumed.chunk else None
+        args: list[Any] = [
+            meta.seq, seq, state_blob, json.dumps(consumed.result), self._ttl(meta.deadline), piece_sha,
+            consumed.consumed, consumed.segments, len(state_blob),
+        ]
+        if chunk_blob is not None:
+            args.append(chunk_blob)
+        with self.store.unavailable_as_error(), self.metrics.time_redis("commit"):
+            outcome = int(await self._commit(keys=[keys["meta"], keys["state"], keys["result"], keys["chunks"]],
+                                             args=args))
+        return outcome
+
+    async def finish(self, meta: SessionMeta, result: Mapping[str, Any]) -> int:
+        keys = self._keys(meta.id)
+        with self.store.unavailable_as_error(), self.metrics.time_redis("finish"):
+            return int(await self._finish(keys=[keys["meta"], keys["result"]],
+                                          args=[meta.seq, json.dumps(result), self._ttl(meta.deadline)]))
+
+    async def delete(self, session_id: str, owner: str) -> None:
+        await self.meta(session_id, owner)  # 404 for strangers
+        keys = self._keys(session_id)
+        with self.store.unavailable_as_error(), self.metrics.time_redis("delete"):
+            await self.redis.delete(*keys.values())
+            await self.redis.zrem(self._owner_key(owner), session_id)
+
+    async def wait_for(self, session_id: str, owner: str, seq: int, timeout: float = LOCK_MILLISECONDS / 1000) -> None:
+        """Wait until another replica has applied ``seq`` (or its lock lapsed)."""
+        deadline = time.monotonic() + timeout
+        lock = self._keys(session_id)["lock"]
+        while time.monotonic() < deadline:
+            meta = await self.meta(session_id, owner)
+            if meta.seq >= seq:
+                return
+            with self.store.unavailable_as_error():
+                if not await self.redis.exists(lock):
+                    return
+            await asyncio.sleep(0.01)

@@ -1,0 +1,88 @@
+"""The dynamic batcher stacks concurrent steps, splits results back, and keeps shapes apart."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from service.metrics import ServiceMetrics
+from service.runtime.batcher import DynamicBatcher
+
+
+class RecordingBackend:
+    """A real computation (an affine map per row) that records the batch sizes it was called with."""
+
+    name = "numpy"
+    providers = ["CPU"]
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.threads: set[str] = set()
+        self.weight = np.random.default_rng().standard_normal((3, 3)).astype(np.float32)
+
+    def run(self, inputs):
+        self.calls.append(inputs["x"].shape[0])
+        self.threads.add(threading.current_thread().name)
+        return {"y": inputs["x"] @ self.weight, "n": inputs["x"].sum(axis=(1, 2))}
+
+
+async def test_concurrent_steps_are_stacked_and_split_back_in_order():
+    backend = RecordingBackend()
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.05)
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal((1, 4, 3)).astype(np.float32) for _ in range(8)]
+    outputs = await asyncio.gather(*(batcher.submit({"x": x}) for x in inputs))
+    assert backend.calls == [8]
+    for x, out in zip(inputs, outputs, strict=True):
+        np.testing.assert_allclose(out["y"], x @ backend.weight, rtol=1e-6)
+        np.testing.assert_allclose(out["n"], x.sum(axis=(1, 2)), rtol=1e-6)
+    assert backend.threads and threading.main_thread().name not in backend.threads  # off the event loop
+    await batcher.close()
+
+
+async def test_batches_respect_max_batch_size_and_shape_signatures():
+    backend = RecordingBackend()
+    metrics = ServiceMetrics(collect_gpu=False)
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=4, max_queue_delay_seconds=0.05, metrics=metrics)
+    rng = np.random.default_rng()
+    short = [rng.standard_normal((1, 2, 3)).astype(np.float32) for _ in range(6)]
+    long = [rng.standard_normal((1, 5, 3)).astype(np.float32) for _ in range(3)]
+    results = await asyncio.gather(*(batcher.submit({"x": x}) for x in short + long))
+    assert sorted(backend.calls) == [2, 3, 4]  # 6 short -> 4 + 2; 3 long apart
+    for x, out in zip(short + long, results, strict=True):
+        assert out["y"].shape == x.shape
+    samples = {s.name: s.value for s in metrics.batch_size.collect()[0].samples if s.labels.get("model") == "m"}
+    assert samples["rtserve_batch_size_count"] == 3 and samples["rtserve_batch_size_sum"] == 9
+    await batcher.close()
+
+
+async def test_a_failing_batch_fails_every_caller_with_the_error():
+    class Broken(RecordingBackend):
+        def run(self, inputs):
+            raise RuntimeError("graph exploded")
+
+    batcher = DynamicBatcher(Broken(), "m", "step", max_batch_size=4, max_queue_delay_seconds=0.01)
+    x = np.ones((1, 2, 3), dtype=np.float32)
+    results = await asyncio.gather(batcher.submit({"x": x}), batcher.submit({"x": x}), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) and "exploded" in str(r) for r in results)
+    await batcher.close()
+
+
+async def test_inputs_that_disagree_on_batch_are_refused():
+    batcher = DynamicBatcher(RecordingBackend(), "m", "step", 4, 0.01)
+    with pytest.raises(ValueError, match="batch axis"):
+        await batcher.submit({"x": np.ones((1, 2, 3)), "z": np.ones((2, 1))})
+    await batcher.close()
+
+
+async def test_interleaved_shapes_are_batched_apart_without_comparing_arrays():
+    backend = RecordingBackend()
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.05)
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal((1, 2 + index % 3, 3)).astype(np.float32) for index in range(12)]  # 2,3,4,2,..
+    results = await asyncio.wait_for(asyncio.gather(*(batcher.submit({"x": x}) for x in inputs)), timeout=10)
+    for x, out in zip(inputs, results, strict=True):
+        np.testing.assert_allclose(out["y"], x @ backend.weight, rtol=1e-6)
+    assert sorted(backend.calls) == [4, 4, 4]
+    await batcher.close()

@@ -1,0 +1,119 @@
+"""Exported graphs (ONNX Runtime, TorchScript) against a freshly built eager model.
+
+Three chained steps on fresh random inputs, batch sizes 1 and 4, fp32,
+max abs difference <= 1e-4 (DESIGN: state is carried from step to step).
+"""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from export.exporter import export_checkpoint
+from models.servable import build_servable
+from service.runtime.backends import load_backends
+from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def forecaster_entry(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export")
+    checkpoint = tiny_forecaster(root / "weights" / "rsa-tiny", "rsa")
+    entry = export_checkpoint(checkpoint, root / "repository")
+    return checkpoint, entry
+
+
+def test_entry_holds_graphs_manifest_and_state_spec(forecaster_entry):
+    checkpoint, entry = forecaster_entry
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert entry.parts[-2:] == ("rsa-tiny", "1")
+    assert manifest["task"] == "forecast" and manifest["family"] == "rsa"
+    assert len(manifest["source_checkpoint_sha256"]) == 64
+    assert [s["name"] for s in manifest["state_spec"]] == ["window", "rows_seen"]
+    step = manifest["graphs"][0]
+    assert step["name"] == "step" and set(step["files"]) == {"onnx", "torchscript"}
+    assert step["dynamic_axes"]["values"] == {"0": "batch", "1": "rows"}
+    assert step["state_outputs"] == {"window": "next_window", "rows_seen": "next_rows_seen"}
+    onnx.checker.check_model(onnx.load(str(entry / step["files"]["onnx"])), full_check=True)
+    assert (entry / "checkpoint" / "model.safetensors").exists()
+
+
+FAMILIES = {
+    "forecast": lambda folder: tiny_forecaster(folder / "rsa-tiny", "rsa"),
+    "classify": lambda folder: tiny_rmt(folder / "rmt-tiny"),
+    "summarize": lambda folder: tiny_srformer(folder / "srformer-tiny"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_entry(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    checkpoint = FAMILIES[request.param](root / "weights")
+    return checkpoint, export_checkpoint(checkpoint, root / "repository")
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torchscript"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_every_exported_graph_matches_a_fresh_eager_model_over_chained_steps(family_entry, backend, batch):
+    checkpoint, entry = family_entry
+    manifest = json.loads((entry / "manifest.json").read_text())
+    exported = load_backends(entry, manifest, backend)
+    servable = build_servable(checkpoint)  # built after export: the exporter must not leave traces
+    generator = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    for graph in servable.graphs:
+        carried: dict[str, torch.Tensor] = {}
+        for _ in range(3):  # state outputs feed the next step; every other input is fresh
+            fresh = dict(zip([spec.name for spec in graph.inputs], graph.sample_inputs(batch, generator), strict=True))
+            inputs = {name: carried.get(name, tensor) for name, tensor in fresh.items()}
+            assert all(t.float().abs().sum() > 0 for n, t in inputs.items() if t.is_floating_point()), "zeros"
+            got = exported[graph.name].run({name: tensor.numpy() for name, tensor in inputs.items()})
+            with torch.no_grad():
+                expected = graph.module(*inputs.values())
+            for spec, reference in zip(graph.outputs, expected, strict=True):
+                np.testing.assert_allclose(got[spec.name], reference.numpy(), atol=TOLERANCE, rtol=0,
+                                           err_msg=f"{graph.name}.{spec.name}")
+            outputs = {spec.name: tensor for spec, tensor in zip(graph.outputs, expected, strict=True)}
+            carried = {name: outputs[output] for name, output in graph.state_outputs.items()}
+
+
+FP16_RELATIVE_TOLERANCE = 2e-3  # of the output's largest magnitude; fp16 has an 11-bit mantissa
+
+
+def test_fp16_onnx_export_stays_within_its_stated_tolerance(forecaster_entry, tmp_path):
+    checkpoint, _ = forecaster_entry
+    entry = export_checkpoint(checkpoint, tmp_path / "fp16", formats=("onnx",), fp16=True)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["precision"] == "fp16"
+    assert {s["dtype"] for s in manifest["graphs"][0]["inputs"]} == {"float16", "int64"}
+    exported = load_backends(entry, manifest, "onnx")["step"]
+    eager = build_servable(checkpoint).graph("step")
+    sample = eager.sample_inputs(4, torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,)))))
+    got = exported.run({spec.name: t.numpy() for spec, t in zip(eager.inputs, sample, strict=True)})
+    with torch.no_grad():
+        expected = eager.module(*sample)
+    reference = expected[2].numpy()
+    error = np.abs(got["forecast"].astype(np.float64) - reference).max()
+    assert error <= FP16_RELATIVE_TOLERANCE * np.abs(reference).max(), error
+
+
+def test_fp16_is_refused_for_torchscript(forecaster_entry, tmp_path):
+    with pytest.raises(ValueError, match="fp16 is an ONNX option"):
+        export_checkpoint(forecaster_entry[0], tmp_path / "x", formats=("onnx", "torchscript"), fp16=True)
+
+
+def test_a_full_attention_summarizer_whose_graph_drops_unused_inputs_still_runs(tmp_path):
+    """Full cross-attention never reads the RAF state; the exporter prunes those inputs."""
+    checkpoint = tiny_srformer(tmp_path / "weights" / "srformer-full", mode="full")
+    entry = export_checkpoint(checkpoint, tmp_path / "repository", formats=("onnx",))
+    manifest = json.loads((entry / "manifest.json").read_text())
+    decode = load_backends(entry, manifest, "onnx")["decode_step"]
+    graph = build_servable(checkpoint).graph("decode_step")
+    sample = graph.sample_inputs(2, torch.Generator().manual_seed(3))
+    got = decode.run({spec.name: t.numpy() for spec, t in zip(graph.inputs, sample, strict=True)})
+    with torch.no_grad():
+        expected = graph.module(*sample)
+    np.testing.assert_allclose(got["logp"], expected[0].numpy(), atol=TOLERANCE, rtol=0)

@@ -1,0 +1,61 @@
+"""GPU metrics: read from NVML where it sees a GPU, absent (not zero) where it does not.
+
+No GPU is on the CI machines: the conversion from NVML's units is checked against a
+stand-in NVML module with known readings; the no-GPU path runs for real.
+"""
+
+import sys
+import types
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.metrics import GpuCollector, ServiceMetrics
+
+
+def test_without_a_gpu_the_gpu_families_are_absent():
+    metrics = ServiceMetrics()
+    if metrics.gpu is not None and metrics.gpu.available:  # a machine with a GPU: the real path
+        names = {f.name for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
+        assert "rtserve_gpu_power_watts" in names
+        return
+    text = generate_latest(metrics.registry).decode()
+    assert "rtserve_gpu_" not in text
+
+
+def _fake_nvml(monkeypatch, devices):
+    nvml = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    nvml.NVMLError = NVMLError
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetCount = lambda: len(devices)
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: devices[index]
+    nvml.nvmlDeviceGetPowerUsage = lambda handle: handle["power_mw"]
+    nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: handle["energy_mj"]
+    nvml.nvmlDeviceGetUtilizationRates = lambda handle: types.SimpleNamespace(gpu=handle["util_percent"])
+    nvml.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(used=handle["memory_bytes"])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+
+
+def test_nvml_readings_become_watts_joules_ratio_and_bytes(monkeypatch):
+    _fake_nvml(monkeypatch, [
+        {"power_mw": 312_500, "energy_mj": 9_876_543, "util_percent": 87, "memory_bytes": 12 * 2**30},
+        {"power_mw": 70_000, "energy_mj": 1_000, "util_percent": 0, "memory_bytes": 0},
+    ])
+    collector = GpuCollector()
+    assert collector.available
+    families = {family.name: family for family in collector.collect()}
+    samples = {(s.name, s.labels["gpu"]): s.value for f in families.values() for s in f.samples}
+    assert samples[("rtserve_gpu_power_watts", "0")] == 312.5
+    assert samples[("rtserve_gpu_energy_joules_total", "0")] == 9876.543
+    assert samples[("rtserve_gpu_utilization_ratio", "0")] == 0.87
+    assert samples[("rtserve_gpu_memory_used_bytes", "0")] == 12 * 2**30
+    assert samples[("rtserve_gpu_power_watts", "1")] == 70.0
+
+
+def test_nvml_without_devices_disables_gpu_metrics(monkeypatch):
+    _fake_nvml(monkeypatch, [])
+    assert not GpuCollector().available

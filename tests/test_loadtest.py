@@ -1,0 +1,41 @@
+"""The locust load test runs clean against a real `rtserve serve` process."""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from export.exporter import export_checkpoint
+from tests.test_serve_process import _free_port, _start
+from tests.tiny_checkpoints import tiny_forecaster
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_locust_drives_one_shot_and_session_traffic_without_failures(tmp_path, redis_url):
+    checkpoint = tiny_forecaster(tmp_path / "weights" / "rsa-tiny", "rsa", 32, 8)
+    export_checkpoint(checkpoint, tmp_path / "repository", formats=("onnx",))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
+    env |= {"RTSERVE_MODEL_REPOSITORY": str(tmp_path / "repository"), "RTSERVE_REDIS_URL": redis_url,
+            "RTSERVE_LOG_LEVEL": "warning"}
+    port = _free_port()
+    server = _start(env, port)
+    try:
+        locust = Path(sys.executable).with_name("locust")
+        result = subprocess.run(
+            [str(locust), "-f", str(ROOT / "loadtest" / "locustfile.py"), "--host", f"http://127.0.0.1:{port}",
+             "--headless", "-u", "4", "-r", "4", "-t", "4s", "--csv", str(tmp_path / "stats"), "--only-summary",
+             "--exit-code-on-error", "1"],
+            capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(tmp_path / "stats_stats.csv") as handle:
+        rows = {row["Name"]: row for row in csv.DictReader(handle)}
+    assert int(rows["Aggregated"]["Request Count"]) > 10
+    assert int(rows["Aggregated"]["Failure Count"]) == 0
+    assert int(rows["/forecast"]["Request Count"]) > 0
+    assert int(rows["/sessions/{id}/finish"]["Request Count"]) > 0

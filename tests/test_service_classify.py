@@ -1,0 +1,92 @@
+"""The classify endpoint and classification sessions, over HTTP with a real Redis."""
+
+import numpy as np
+import pytest
+import torch
+
+from export.exporter import export_checkpoint
+from models.rmt import load_rmt
+from tests.service_helpers import make_client, random_pieces
+from tests.tiny_checkpoints import tiny_rmt
+
+SEGMENT = 32
+WORDS = (
+    "The senator's bill—passed on Monday—would raise taxes; critics, naïvely, called it 'a disaster'. "
+    "Markets fell 3.5% as investors (and unions) worried about wages, prices & jobs in Zürich and 東京."
+).split(" ")
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("classify")
+    checkpoint = tiny_rmt(root / "weights" / "rmt-tiny", segment_size=SEGMENT, max_segments=6)
+    export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
+    return root / "repository", checkpoint
+
+
+def document(rng, words):
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def eager_probabilities(checkpoint, text):
+    from models.minilm import load_minilm_tokenizer
+    from models.text_stream import SegmentCutter
+
+    rmt = load_rmt(str(checkpoint))
+    cutter = SegmentCutter(load_minilm_tokenizer(), SEGMENT, rmt.config.max_segments)
+    state, output = rmt.init_state(1), {}
+    with torch.no_grad():
+        for ids, mask in cutter.segments(text):
+            state, output = rmt.step(state, {"input_ids": torch.from_numpy(ids)[None],
+                                             "attention_mask": torch.from_numpy(mask)[None]})
+    return rmt.readout(state, output)[0].numpy()
+
+
+def test_classify_matches_the_eager_model(client, repository):
+    text = document(np.random.default_rng(), 60)
+    response = client.post("/classify", json={"text": text})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert set(body["probabilities"]) == {"mainstream", "hyperpartisan"}
+    assert body["segments"] >= 2
+    expected = eager_probabilities(repository[1], text)
+    np.testing.assert_allclose([body["probabilities"]["mainstream"], body["probabilities"]["hyperpartisan"]],
+                               expected, atol=1e-4)
+
+
+def test_stream_in_random_text_pieces_equals_whole(client):
+    rng = np.random.default_rng()
+    text = document(rng, 70)
+    whole = client.post("/classify", json={"text": text}).json()
+    session = client.post("/sessions", json={"task": "classify"}).json()
+    running = []
+    for seq, piece in enumerate(random_pieces(list(text), rng, 40), start=1):
+        response = client.post(f"/sessions/{session['id']}/segments", json={"seq": seq, "text": "".join(piece)})
+        assert response.status_code == 200, response.text
+        running.append(response.json()["result"])
+    final = client.post(f"/sessions/{session['id']}/finish").json()["result"]
+    assert final["segments"] == whole["segments"] and final["tokens"] == whole["tokens"]
+    for label, probability in whole["probabilities"].items():
+        assert abs(final["probabilities"][label] - probability) <= 1e-5
+    # a running prediction is available once a segment is complete, and only then
+    completed = [r for r in running if r["segments"] > 0]
+    assert completed and all(r["label"] is not None for r in completed)
+    assert all(r["label"] is None for r in running if r["segments"] == 0)
+
+
+def test_session_state_stays_bounded_as_the_document_grows(client):
+    rng = np.random.default_rng()
+    session = client.post("/sessions", json={"task": "classify"}).json()
+    sizes = []
+    for seq in range(1, 9):
+        client.post(f"/sessions/{session['id']}/segments", json={"seq": seq, "text": document(rng, 30) + " "})
+        sizes.append(client.get(f"/sessions/{session['id']}").json()["state_bytes"])
+    assert max(sizes) == min(sizes), sizes
+
+
+def test_empty_and_oversized_text_are_refused(client, repository, redis_url, key_prefix):
+    assert client.post("/classify", json={"text": ""}).status_code == 422
+    assert client.post("/classify", json={"text": 5}).status_code == 422
+    with make_client(repository[0], redis_url, key_prefix, max_text_chars=100) as small:
+        response = small.post("/classify", json={"text": "word " * 50})
+        assert response.status_code == 422 and "limit is 100" in response.json()["detail"]

@@ -1,0 +1,53 @@
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.app import create_app
+from service.settings import Settings
+
+
+def _client(redis_url: str, key_prefix: str) -> TestClient:
+    settings = Settings(redis_url=redis_url, redis_key_prefix=key_prefix, model_repository="/nonexistent")
+    return TestClient(create_app(settings))
+
+
+def test_healthz_and_readyz_answer_when_redis_is_reachable(redis_url, key_prefix):
+    with _client(redis_url, key_prefix) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        ready = client.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["redis"] == "ok"
+
+
+def test_readyz_is_503_with_the_reason_when_redis_is_down():
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", redis_timeout_seconds=0.5)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").status_code == 200  # alive, just not ready
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.headers["Retry-After"]
+        assert "unreachable" in ready.json()["redis"]
+
+
+def test_metrics_are_prometheus_text_with_rtserve_families(redis_url, key_prefix):
+    with _client(redis_url, key_prefix) as client:
+        response = client.get("/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain")
+        names = {family.name for family in text_string_to_metric_families(response.text)}
+    assert {"rtserve_requests", "rtserve_request_duration_seconds", "rtserve_batch_size"} <= names
+
+
+def test_openapi_docs_are_served(redis_url, key_prefix):
+    with _client(redis_url, key_prefix) as client:
+        assert client.get("/docs").status_code == 200
+        schema = client.get("/openapi.json").json()
+    assert {"/healthz", "/readyz", "/metrics"} <= set(schema["paths"])
+
+
+def test_app_without_redis_url_starts_and_stops_its_own_redis(tmp_path):
+    settings = Settings(redis_url=None, embedded_redis_dir=tmp_path / "redis")
+    app = create_app(settings)
+    with TestClient(app) as client:
+        assert client.get("/readyz").json()["redis"] == "ok"
+        assert app.state.store.url.startswith("unix://")
+    assert not (tmp_path / "redis" / "redis.sock").exists()

@@ -1,0 +1,81 @@
+"""The summarize endpoint and summarization sessions, over HTTP with a real Redis."""
+
+import json
+
+import numpy as np
+import pytest
+
+from export.exporter import export_checkpoint
+from tests.service_helpers import random_pieces
+from tests.tiny_checkpoints import tiny_srformer
+
+TEXT = (
+    "Shares in the bank rose 5% on Monday after it reported record profits. The chief executive said demand "
+    "for loans had grown in every region, while costs fell for a third year. Analysts, however, warned that "
+    "rising interest rates could slow lending next year. The bank will pay a dividend of 12p a share, up from "
+    "10p, and plans to open forty branches. Unions welcomed the news but asked for higher wages for staff."
+)
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("summarize")
+    checkpoint = tiny_srformer(root / "weights" / "srformer-tiny")
+    export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
+    return root / "repository", checkpoint
+
+
+def test_summary_equals_the_eager_models_greedy_summary(client, repository):
+    from models.minilm import load_minilm_encoder, load_minilm_tokenizer
+    from models.srformer import SummarizerStream, load_srformer
+
+    response = client.post("/summarize", json={"text": TEXT, "max_length": 40})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "srformer-tiny:1" and body["tokens"] > 60 and 0 < body["summary_tokens"] <= 40
+    stream = SummarizerStream(load_srformer(str(repository[1])), load_minilm_encoder(), load_minilm_tokenizer())
+    assert body["summary"] == stream.summarize(TEXT, no_repeat_ngram=3, max_len=40)
+
+
+def test_stream_in_random_pieces_equals_whole_and_writes_only_new_state(client):
+    rng = np.random.default_rng()
+    whole = client.post("/summarize", json={"text": TEXT, "max_length": 40}).json()["summary"]
+    session = client.post("/sessions", json={"task": "summarize"}).json()
+    url = f"/sessions/{session['id']}"
+    previous_bytes = client.get(url).json()["state_bytes"]
+    for seq, piece in enumerate(random_pieces(list(TEXT), rng, 60), start=1):
+        response = client.post(f"{url}/segments", json={"seq": seq, "text": "".join(piece)})
+        assert response.status_code == 200, response.text
+        status = response.json()["session"]
+        # a piece adds its own windows' keys/values (2 layers x k,v x 2 heads x 16 dims x fp32 + id per token),
+        # plus the bounded state's safetensors header: never a rewrite of what came before
+        per_token = 2 * 2 * 2 * 16 * 4 + 8
+        assert status["state_bytes"] - previous_bytes <= per_token * max(status["consumed"], 0) + 4096
+        previous_bytes = status["state_bytes"]
+    final = client.post(f"{url}/finish", json={"max_length": 40}).json()
+    assert final["result"]["summary"] == whole
+
+
+def test_summary_streams_as_server_sent_events(client):
+    with client.stream("POST", "/summarize", json={"text": TEXT, "max_length": 30},
+                       headers={"accept": "text/event-stream"}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events, data = [], []
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                events.append(line.split(":", 1)[1].strip())
+            elif line.startswith("data:"):
+                data.append(json.loads(line.split(":", 1)[1]))
+    assert events[-1] == "done" and events.count("token") >= 1
+    streamed = "".join(d["text"] for d, e in zip(data, events, strict=True) if e == "token")
+    assert streamed == data[-1]["summary"]
+    plain = client.post("/summarize", json={"text": TEXT, "max_length": 30}).json()
+    assert plain["summary"] == data[-1]["summary"]
+
+
+def test_beam_search_and_empty_documents(client):
+    beam = client.post("/summarize", json={"text": TEXT, "max_length": 20, "beam_size": 3})
+    assert beam.status_code == 200 and beam.json()["summary_tokens"] <= 20
+    assert client.post("/summarize", json={"text": "   "}).status_code == 422
+    assert client.post("/summarize", json={"text": TEXT, "beam_size": 99}).status_code == 422
