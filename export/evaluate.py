@@ -72,9 +72,9 @@ async def _classify(model: LoadedModel, args: argparse.Namespace) -> dict[str, A
 
 
 async def _summarize(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
-    from models.bbc import load_split, rouge_scores
+    from models.summarization_data import corpus_of, rouge_scores
 
-    pairs = load_split(args.data, args.split, args.limit or None)
+    pairs = corpus_of(args.data).load_split(args.data, args.split, args.limit or None)
 
     started = time.perf_counter()
     results = await _gather([p.document for p in pairs], lambda text: _answer(model, text))

@@ -111,17 +111,3 @@ def sentences(text: str) -> list[str]:
 def lead(pair: Pair, k: int) -> str:
     """Lead-k: the first k sentences of the article body."""
     return " ".join(sentences(pair.body)[:k])
-
-
-def rouge_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
-    """Mean ROUGE-1/2/L F-measures (``rouge-score``, Porter stemming)."""
-    from rouge_score import rouge_scorer
-
-    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-    totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
-    for prediction, reference in zip(predictions, references, strict=True):
-        scores = scorer.score(reference, prediction)
-        for name in totals:
-            totals[name] += scores[name].fmeasure
-    count = max(len(predictions), 1)
-    return {name: round(value / count, 4) for name, value in totals.items()}

@@ -34,11 +34,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from models import bbc
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.srformer import SRformer, SRformerConfig, load_srformer
+from models.summarization_data import corpus_name, corpus_of, rouge_scores
 
 CACHE_ROOT = Path("cache")
+DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # ---- frozen encoder cache -------------------------------------------------------------------
@@ -54,11 +55,12 @@ class Example:
 def _cache_path(data: Path, max_source: int, window: int) -> Path:
     stamp = f"{data.resolve()}-{(data / 'splits.json').stat().st_size if (data / 'splits.json').exists() else 0}"
     key = hashlib.sha256(f"{stamp}-{max_source}-{window}-minilm-l6".encode()).hexdigest()[:10]
-    return CACHE_ROOT / f"srformer-bbc-k{max_source}-w{window}-{key}"
+    return CACHE_ROOT / f"srformer-{corpus_name(data)}-k{max_source}-w{window}-{key}"
 
 
 @torch.no_grad()
-def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch_windows: int = 8) -> Path:
+def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch_windows: int = 8,
+                device: str = "cpu") -> Path:
     """Encode every document once (all windows, batched, padded) and store them as safetensors."""
     from safetensors.torch import save_file
     from tqdm import tqdm
@@ -73,8 +75,8 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
             return folder
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = load_minilm_tokenizer()
-    encoder = load_minilm_encoder()
-    pairs = [bbc.read_pair(data, key) for key in keys]
+    encoder = load_minilm_encoder().to(device)
+    pairs = [corpus_of(data).read_pair(data, key) for key in keys]
     sources = [torch.tensor(tokenizer.encode(p.document, add_special_tokens=False).ids[:max_source]) for p in pairs]
     targets = [torch.tensor(tokenizer.encode(p.summary, add_special_tokens=False).ids) for p in pairs]
     windows = [(d, start) for d, src in enumerate(sources) for start in range(0, len(src), window)]
@@ -89,7 +91,7 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
         for row, piece in enumerate(pieces):
             ids[row, : len(piece) + 2] = torch.cat([torch.tensor([101]), piece, torch.tensor([102])])
             mask[row, : len(piece) + 2] = 1
-        hidden = encoder(input_ids=ids, attention_mask=mask)  # (n, w+2, 384)
+        hidden = encoder(input_ids=ids.to(device), attention_mask=mask.to(device)).cpu()  # (n, w+2, 384)
         for row, (d, start) in enumerate(chunk):
             outputs[(d, start)] = hidden[row, 1: 1 + len(pieces[row])].half()
     tensors = {}
@@ -104,18 +106,19 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
     return folder
 
 
-def load_examples(data: Path, split: str, max_source: int, window: int, limit: int | None = None
-                  ) -> list[Example]:
+def load_examples(data: Path, split: str, max_source: int, window: int, limit: int | None = None,
+                  device: str = "cpu") -> list[Example]:
     from safetensors import safe_open
 
-    folder = build_cache(data, bbc.all_keys(data), max_source, window)
-    keys = bbc.split_keys(data, split)[:limit] if limit else bbc.split_keys(data, split)
+    corpus = corpus_of(data)
+    folder = build_cache(data, corpus.all_keys(data), max_source, window, device=device)
+    keys = corpus.split_keys(data, split)[:limit] if limit else corpus.split_keys(data, split)
     out = []
     with safe_open(str(folder / "encoded.safetensors"), framework="pt") as f:
         for key in keys:
             name = key.replace("/", "_")
             out.append(Example(key, f.get_tensor(f"{name}.source").long(), f.get_tensor(f"{name}.enc"),
-                               f.get_tensor(f"{name}.target").long(), bbc.read_pair(data, key).summary))
+                               f.get_tensor(f"{name}.target").long(), corpus.read_pair(data, key).summary))
     return out
 
 
@@ -147,6 +150,8 @@ def collate(model: SRformer, examples: list[Example], max_target: int
         tokens[b, 1: len(t)] = t[:-1]
         labels[b, : len(t)] = t
         valid[b, : len(t)] = True
+    device = model.wte.device
+    enc, mask, source, tokens, labels, valid = (x.to(device) for x in (enc, mask, source, tokens, labels, valid))
     vocab_ids, vocab_mask, src_index = model.vocab(source, mask)
     # label -> its column in vocab_ids (ignored when absent: a token the source never had)
     ordered = torch.where(vocab_mask, vocab_ids, torch.full_like(vocab_ids, torch.iinfo(torch.long).max))
@@ -197,20 +202,25 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def hardware(threads: int) -> str:
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads={threads}, CPU only"
+def hardware(threads: int, device: str = "cpu") -> str:
+    host = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads={threads}"
+    if device.startswith("cuda"):
+        return f"{host}, GPU {torch.cuda.get_device_name(device)}"
+    return f"{host}, CPU only"
 
 
 # ---- train ---------------------------------------------------------------------------------
 def train_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rtserve train srformer",
-                                     description="Train the SRformer news summarizer on BBC News Summary.")
+                                     description="Train an SRformer summarizer (BBC News Summary or SumPubMed).")
     parser.add_argument("family", choices=["srformer"])
-    parser.add_argument("--data", required=True, type=Path, help="bbc-news-summary folder (with splits.json)")
+    parser.add_argument("--data", required=True, type=Path, help="bbc-news-summary or sumpubmed folder")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument("--cross-attention", choices=["full", "segmented", "srformer"], default="srformer")
     parser.add_argument("--segment-size", type=int, default=16, help="s: encoder positions per segment")
     parser.add_argument("--summary-ratio", type=float, default=0.45, help="q = ceil(ratio * k): the schedule")
+    parser.add_argument("--summary-length", type=int, default=0,
+                        help="fixed q for the schedule (and 1.25q decode cap) instead of the ratio; 0 = ratio")
     parser.add_argument("--recurrent-gate", action="store_true",
                         help="srformer: O = O_S + g O_R with g learned per head from 0 (Eq. 10)")
     parser.add_argument("--seed", type=int, default=0)
@@ -226,6 +236,7 @@ def train_main(argv: Sequence[str]) -> int:
     parser.add_argument("--train-limit", type=int, default=0, help="use only the first N training pairs")
     parser.add_argument("--dev-limit", type=int, default=40, help="dev pairs decoded for selection")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     args = parser.parse_args(list(argv))
     from tqdm import tqdm
 
@@ -234,13 +245,15 @@ def train_main(argv: Sequence[str]) -> int:
     torch.set_num_threads(args.threads)
     seed_everything(args.seed)
     config = SRformerConfig(cross_attention=args.cross_attention, segment_size=args.segment_size,
-                            summary_ratio=args.summary_ratio, recurrent_gate=args.recurrent_gate,
+                            summary_ratio=args.summary_ratio, summary_length=args.summary_length,
+                            recurrent_gate=args.recurrent_gate,
                             d_model=args.d_model, n_layer=args.layers,
                             n_head=args.heads, d_ff=4 * args.d_model, max_source=args.max_source,
                             max_target=max(512, args.max_target + 1))
-    model = load_srformer(config=config).train()
+    model = load_srformer(config=config).to(args.device).train()
     tokenizer = load_minilm_tokenizer()
-    train = load_examples(args.data, "train", args.max_source, config.encoder_window, args.train_limit or None)
+    train = load_examples(args.data, "train", args.max_source, config.encoder_window, args.train_limit or None,
+                          device=args.device)
     dev = load_examples(args.data, "dev", args.max_source, config.encoder_window)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
@@ -274,7 +287,7 @@ def train_main(argv: Sequence[str]) -> int:
                            for i in range(0, len(dev), 16)) / math.ceil(len(dev) / 16)
         chosen = dev[: args.dev_limit]
         texts, speed = summarize_examples(model, chosen, tokenizer)
-        scores = bbc.rouge_scores(texts, [e.reference for e in chosen])
+        scores = rouge_scores(texts, [e.reference for e in chosen])
         record = {"epoch": epoch + 1, "train_loss": round(running / max(count, 1), 4),
                   "dev_loss": round(dev_loss, 4), **{f"dev_{k}": v for k, v in scores.items()},
                   "elapsed_s": round(time.time() - started, 1), **speed}
@@ -284,8 +297,8 @@ def train_main(argv: Sequence[str]) -> int:
             best = scores["rouge1"]
             extras = {"recipe": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                       "selected_epoch": epoch + 1, "history": history, "train_seconds": round(time.time() - started, 1),
-                      "hardware": hardware(args.threads), "params": n_params}
-            state = {k: v for k, v in model.state_dict().items()}
+                      "hardware": hardware(args.threads, args.device), "params": n_params}
+            state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
             save_checkpoint(args.out, "srformer", config, state, extras)
         if args.time_budget and time.time() - started > 60 * args.time_budget:
             progress.write(f"time budget of {args.time_budget} min reached after epoch {epoch + 1}")
@@ -311,13 +324,14 @@ def eval_main(argv: Sequence[str]) -> int:
     parser.add_argument("--beams", type=int, default=1)
     parser.add_argument("--no-repeat-ngram", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     parser.add_argument("--stream", action="store_true",
                         help="encode through SummarizerStream (text in, no cache) instead of the cache")
     args = parser.parse_args(list(argv))
     from models.minilm import load_minilm_tokenizer
 
     torch.set_num_threads(args.threads)
-    model = load_srformer(str(args.checkpoint))
+    model = load_srformer(str(args.checkpoint)).to("cpu" if args.stream else args.device)  # the stream runs on CPU
     tokenizer = load_minilm_tokenizer()
     c = model.config
     if args.stream:
@@ -325,7 +339,7 @@ def eval_main(argv: Sequence[str]) -> int:
         from models.srformer import SummarizerStream
 
         stream = SummarizerStream(model, load_minilm_encoder(), tokenizer)
-        pairs = bbc.load_split(args.data, args.split, args.limit or None)
+        pairs = corpus_of(args.data).load_split(args.data, args.split, args.limit or None)
         started = time.perf_counter()
         texts = [stream.summarize(p.document, beams=args.beams, no_repeat_ngram=args.no_repeat_ngram)
                  for p in pairs]
@@ -336,7 +350,7 @@ def eval_main(argv: Sequence[str]) -> int:
         examples = load_examples(args.data, args.split, c.max_source, c.encoder_window, args.limit or None)
         texts, speed = summarize_examples(model, examples, tokenizer, args.beams, args.no_repeat_ngram)
         references = [e.reference for e in examples]
-    scores = bbc.rouge_scores(texts, references)
+    scores = rouge_scores(texts, references)
     print(json.dumps({"checkpoint": str(args.checkpoint), "split": args.split, "n": len(texts),
                       "cross_attention": c.cross_attention, "segment_size": c.segment_size,
                       "beams": args.beams, "no_repeat_ngram": args.no_repeat_ngram,
@@ -351,10 +365,11 @@ def lead_main(argv: Sequence[str]) -> int:
     parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"])
     parser.add_argument("--k", type=int, nargs="+", default=[3, 8])
     args = parser.parse_args(list(argv))
-    pairs = bbc.load_split(args.data, args.split)
-    out = {"split": args.split, "n": len(pairs)}
+    corpus = corpus_of(args.data)
+    pairs = corpus.load_split(args.data, args.split)
+    out = {"corpus": corpus_name(args.data), "split": args.split, "n": len(pairs)}
     for k in args.k:
-        out[f"lead{k}"] = bbc.rouge_scores([bbc.lead(p, k) for p in pairs], [p.summary for p in pairs])
+        out[f"lead{k}"] = rouge_scores([corpus.lead(p, k) for p in pairs], [p.summary for p in pairs])
     print(json.dumps(out))
     return 0
 
@@ -364,10 +379,12 @@ def cache_main(argv: Sequence[str]) -> int:
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--max-source", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     args = parser.parse_args(list(argv))
     torch.set_num_threads(args.threads)
     started = time.time()
-    folder = build_cache(args.data, bbc.all_keys(args.data), args.max_source, SRformerConfig().encoder_window)
+    keys = corpus_of(args.data).all_keys(args.data)
+    folder = build_cache(args.data, keys, args.max_source, SRformerConfig().encoder_window, device=args.device)
     print(json.dumps({"cache": str(folder), "seconds": round(time.time() - started, 1)}))
     return 0
 

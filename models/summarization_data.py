@@ -1,0 +1,43 @@
+"""Summarization corpora behind one interface, and the ROUGE used to score them.
+
+A corpus module (``models.bbc``, ``models.sumpubmed``) offers ``read_pair``,
+``all_keys``, ``split_keys``, ``load_split``, ``sentences`` and ``lead``; its
+pairs have ``key``, ``document`` and ``summary``. ``corpus_of`` picks the module
+from the folder's layout, so every command takes just ``--data <folder>``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+
+def corpus_of(data: str | Path) -> ModuleType:
+    """``models.bbc`` for a BBC News Summary folder, ``models.sumpubmed`` for SumPubMed."""
+    from models import bbc, sumpubmed
+
+    data = Path(data)
+    if (data / bbc.ARTICLES).is_dir():
+        return bbc
+    if (data / "text").is_dir() and (data / "abstract").is_dir():
+        return sumpubmed
+    raise ValueError(f"{data} is neither a BBC News Summary folder ('{bbc.ARTICLES}/') "
+                     "nor a SumPubMed folder ('text/' + 'abstract/')")
+
+
+def corpus_name(data: str | Path) -> str:
+    return corpus_of(data).__name__.rsplit(".", 1)[-1]
+
+
+def rouge_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """Mean ROUGE-1/2/L F-measures (``rouge-score``, Porter stemming; ROUGE-L over the whole text)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
+    for prediction, reference in zip(predictions, references, strict=True):
+        scores = scorer.score(reference, prediction)
+        for name in totals:
+            totals[name] += scores[name].fmeasure
+    count = max(len(predictions), 1)
+    return {name: round(value / count, 4) for name, value in totals.items()}
