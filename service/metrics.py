@@ -98,7 +98,8 @@ class ServiceMetrics:
         )
         self.active_sessions = Gauge(
             "rtserve_active_sessions",
-            "Sessions created and not yet finished, deleted or expired (this replica's view).",
+            "Open sessions (not finished, deleted or idle-expired) per model, counted in the shared Redis at "
+            "scrape time: every replica reports the same figure, so aggregate with max, not sum.",
             ["model"], registry=r,
         )
         self.session_state_bytes = Histogram(

@@ -43,9 +43,7 @@ class SessionFlow:
         self.metrics = metrics
 
     async def create(self, model: LoadedModel, owner: str) -> SessionMeta:
-        meta = await self.sessions.create(model.ref, model.task, owner, model.pipeline.new_state())
-        self.metrics.active_sessions.labels(model=model.ref).inc()
-        return meta
+        return await self.sessions.create(model.ref, model.task, owner, model.pipeline.new_state())
 
     def model_of(self, meta: SessionMeta) -> LoadedModel:
         return self.registry.resolve(meta.model, meta.task)
@@ -69,7 +67,7 @@ class SessionFlow:
                 await self.sessions.release(session_id, token)
             if outcome == 1:
                 self.metrics.segments.labels(model=model.ref).inc(consumed.segments)
-                fresh = await self.sessions.meta(session_id, owner)
+                fresh = await self.sessions.touch(meta)
                 self.metrics.session_state_bytes.labels(model=model.ref).observe(fresh.state_bytes)
                 return Applied(fresh, consumed.result, replayed=False)
             if outcome == -1:
@@ -130,18 +128,19 @@ class SessionFlow:
 
     async def _store_final(self, meta: SessionMeta, result: dict[str, Any], model: LoadedModel) -> None:
         outcome = await self.sessions.finish(meta, result)
-        if outcome == 1:
-            self.metrics.active_sessions.labels(model=model.ref).dec()
-        elif outcome == 0:
+        if outcome == 0:
             raise SequenceConflict("a piece arrived while the session was finishing; finish again", meta.seq + 1)
         elif outcome == -1:
             raise SessionNotFound(f"session {meta.id} expired while finishing")
 
     async def delete(self, session_id: str, owner: str) -> None:
-        meta = await self.sessions.meta(session_id, owner)
         await self.sessions.delete(session_id, owner)
-        if meta.status != "finished":
-            self.metrics.active_sessions.labels(model=meta.model).dec()
+
+    async def refresh_active_sessions(self) -> None:
+        """Set the active-sessions gauge from the shared Redis index (called at scrape time)."""
+        counts = await self.sessions.live_counts(sorted(self.registry.models))
+        for model, count in counts.items():
+            self.metrics.active_sessions.labels(model=model).set(count)
 
     async def status(self, session_id: str, owner: str) -> SessionMeta:
         return await self.sessions.meta(session_id, owner)

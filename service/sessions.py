@@ -10,6 +10,11 @@ Keys of one session share one hash slot (``<prefix>:{<id>}:...``):
 - ``chunks`` list of safetensors blobs, append-only (state that grows, e.g. SRformer's per-window keys/values)
 - ``lock``   short-lived marker of the replica applying the next piece
 
+Two indexes live outside the session's slot: ``<prefix>:owner:<owner>:sessions``
+(sessions per API key, for the quota) and ``<prefix>:live:<model>`` (open
+sessions per model, scored by the time they go idle-expired), from which every
+replica reads the same active-session count.
+
 A piece is applied exactly once: the commit is one Lua script that checks
 the sequence number it read is still current (compare-and-set) and writes
 state, result and chunk together or not at all. Idle sessions expire after
@@ -152,6 +157,9 @@ class SessionStore:
     def _owner_key(self, owner: str) -> str:
         return f"{self.store.prefix}:owner:{owner}:sessions"
 
+    def _live_key(self, model: str) -> str:
+        return f"{self.store.prefix}:live:{model}"
+
     def _ttl(self, deadline: float) -> int:
         return max(1, min(self.settings.session_ttl_seconds, int(deadline - time.time())))
 
@@ -172,7 +180,10 @@ class SessionStore:
                 pipe.hset(keys["meta"], mapping=fields).expire(keys["meta"], ttl)
                 pipe.set(keys["state"], blob, ex=ttl)
                 await pipe.execute()
-            await self.redis.zadd(self._owner_key(owner), {session_id: deadline})
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(self._owner_key(owner), {session_id: deadline})
+                pipe.zadd(self._live_key(model), {session_id: now + ttl})
+                await pipe.execute()
         return SessionMeta.from_hash(
             session_id, {k.encode(): str(v).encode() for k, v in fields.items()}, ttl
         )
@@ -208,6 +219,27 @@ class SessionStore:
         if meta.owner != owner:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         return meta
+
+    async def touch(self, meta: SessionMeta) -> SessionMeta:
+        """After an applied piece: move the session's idle expiry in the live index and re-read its meta."""
+        keys = self._keys(meta.id)
+        with self.store.unavailable_as_error(), self.metrics.time_redis("touch"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(self._live_key(meta.model), {meta.id: time.time() + self._ttl(meta.deadline)}, xx=True)
+                _, fields, ttl = await pipe.hgetall(keys["meta"]).ttl(keys["meta"]).execute()
+        if not fields:
+            raise SessionNotFound(f"session {meta.id} does not exist or has expired")
+        return SessionMeta.from_hash(meta.id, fields, ttl)
+
+    async def live_counts(self, models: list[str]) -> dict[str, int]:
+        """Open, unexpired sessions per model (entries past their idle expiry are dropped first)."""
+        now = time.time()
+        with self.store.unavailable_as_error(), self.metrics.time_redis("live_counts"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for model in models:
+                    pipe.zremrangebyscore(self._live_key(model), "-inf", now).zcard(self._live_key(model))
+                replies = await pipe.execute()
+        return dict(zip(models, replies[1::2], strict=True))
 
     async def snapshot(self, session_id: str, owner: str) -> tuple[SessionMeta, Arrays, dict[str, Any] | None]:
         """Meta, state and last result, read together in one transaction."""
@@ -261,15 +293,20 @@ class SessionStore:
     async def finish(self, meta: SessionMeta, result: Mapping[str, Any]) -> int:
         keys = self._keys(meta.id)
         with self.store.unavailable_as_error(), self.metrics.time_redis("finish"):
-            return int(await self._finish(keys=[keys["meta"], keys["result"]],
-                                          args=[meta.seq, json.dumps(result), self._ttl(meta.deadline)]))
+            outcome = int(await self._finish(keys=[keys["meta"], keys["result"]],
+                                             args=[meta.seq, json.dumps(result), self._ttl(meta.deadline)]))
+            if outcome == 1:
+                await self.redis.zrem(self._live_key(meta.model), meta.id)
+        return outcome
 
     async def delete(self, session_id: str, owner: str) -> None:
-        await self.meta(session_id, owner)  # 404 for strangers
+        meta = await self.meta(session_id, owner)  # 404 for strangers
         keys = self._keys(session_id)
         with self.store.unavailable_as_error(), self.metrics.time_redis("delete"):
-            await self.redis.delete(*keys.values())
-            await self.redis.zrem(self._owner_key(owner), session_id)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.delete(*keys.values())
+                pipe.zrem(self._owner_key(owner), session_id).zrem(self._live_key(meta.model), session_id)
+                await pipe.execute()
 
     async def wait_for(self, session_id: str, owner: str, seq: int, timeout: float = LOCK_MILLISECONDS / 1000) -> None:
         """Wait until another replica has applied ``seq`` (or its lock lapsed)."""

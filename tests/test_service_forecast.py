@@ -1,5 +1,6 @@
 """The forecast endpoint and forecasting sessions, over HTTP with a real Redis."""
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -197,3 +198,25 @@ def test_metrics_cover_requests_batching_sessions_and_redis(client):
     assert sizes["rtserve_batch_size_sum"] > sizes["rtserve_batch_size_count"], "concurrent requests never batched"
     # no GPU here: the GPU families are absent, not zero
     assert not any(name.startswith("rtserve_gpu_") for name in families)
+
+
+def _active_sessions(client) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    return {s.labels["model"]: s.value for s in families["rtserve_active_sessions"].samples}
+
+
+def test_active_sessions_are_counted_in_redis_the_same_on_every_replica(repository, redis_url, key_prefix):
+    prefix = f"{key_prefix}-live"  # a namespace of its own: other tests leave sessions open
+    rows = series(np.random.default_rng(), 40)
+    with make_client(repository[0], redis_url, prefix) as first, \
+            make_client(repository[0], redis_url, prefix, session_ttl_seconds=1) as short_lived:
+        kept, deleted = _open(first), _open(first)
+        first.post(f"/sessions/{kept['id']}/segments", json={"seq": 1, "rows": rows})
+        _open(short_lived)  # idles out after 1 s
+        assert _active_sessions(first) == _active_sessions(short_lived) == {"rsa-tiny:1": 3.0}
+        assert short_lived.post(f"/sessions/{kept['id']}/finish").status_code == 200  # finished on the other one
+        assert short_lived.delete(f"/sessions/{deleted['id']}").status_code == 204
+        time.sleep(1.2)
+        assert _active_sessions(first) == _active_sessions(short_lived) == {"rsa-tiny:1": 0.0}
