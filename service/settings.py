@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(32, ge=1, description="Largest batch the dynamic batcher forms per model.")
     max_queue_delay_ms: float = Field(5.0, ge=0, description="How long the batcher waits to fill a batch.")
     backend: str = Field("onnx", description="Default backend: onnx, torchscript or torch.")
+    intra_op_threads: int = Field(
+        0, ge=0, description="Threads per model graph on the CPU (ONNX Runtime intra-op; torch). 0: runtime default."
+    )
     model_backends: dict[str, str] = Field(
         default_factory=dict,
         description='Backend per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "torch"}.',

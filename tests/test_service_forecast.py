@@ -220,3 +220,13 @@ def test_active_sessions_are_counted_in_redis_the_same_on_every_replica(reposito
         assert short_lived.delete(f"/sessions/{deleted['id']}").status_code == 204
         time.sleep(1.2)
         assert _active_sessions(first) == _active_sessions(short_lived) == {"rsa-tiny:1": 0.0}
+
+
+def test_intra_op_threads_setting_reaches_onnx_runtime(repository):
+    from service.runtime.registry import load_model
+    from service.settings import Settings
+
+    entry = next(path.parent for path in repository[0].rglob("manifest.json"))
+    model = load_model(entry, "onnx", Settings(intra_op_threads=1))
+    (runner,) = (batcher.backend for batcher in model.batchers.values())
+    assert runner.session.get_session_options().intra_op_num_threads == 1

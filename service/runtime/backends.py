@@ -106,10 +106,16 @@ class TorchBackend(_TorchModuleBackend):
     name = "torch"
 
 
-def load_backends(entry: Path, manifest: Mapping[str, Any], backend: str) -> dict[str, Backend]:
-    """One backend per graph of the entry."""
+def load_backends(
+    entry: Path, manifest: Mapping[str, Any], backend: str, intra_op_threads: int = 0
+) -> dict[str, Backend]:
+    """One backend per graph of the entry; ``intra_op_threads`` > 0 caps each graph's CPU threads."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    if backend != "onnx" and intra_op_threads > 0:
+        import torch
+
+        torch.set_num_threads(intra_op_threads)  # process-wide for torch
     if backend == "torch":
         from models.servable import build_servable
 
@@ -121,7 +127,7 @@ def load_backends(entry: Path, manifest: Mapping[str, Any], backend: str) -> dic
         if file_name is None:
             raise FileNotFoundError(f"{entry} has no {backend} export of graph {graph['name']!r}")
         if backend == "onnx":
-            loaded[graph["name"]] = OnnxBackend(entry / file_name, graph)
+            loaded[graph["name"]] = OnnxBackend(entry / file_name, graph, intra_op_threads)
         else:
             loaded[graph["name"]] = TorchScriptBackend(entry / file_name, graph)
     return loaded

@@ -83,7 +83,7 @@ def load_model(
     """One repository entry, ready to serve: backends, a batcher per graph, the task's pipeline."""
     manifest = json.loads((entry / "manifest.json").read_text())
     name, version = name or manifest["name"], version or manifest["version"]
-    backends = load_backends(entry, manifest, backend)
+    backends = load_backends(entry, manifest, backend, settings.intra_op_threads)
     batchers = {
         graph: DynamicBatcher(
             runner,
