@@ -12,10 +12,11 @@ space after the full stop ("...stabilise.China's currency...").
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from models import summarization_data
 
 ARTICLES = "News Articles"
 SUMMARIES = "Summaries"
@@ -60,14 +61,7 @@ def all_keys(root: str | Path) -> list[str]:
 
 def split_keys(root: str | Path, split: str) -> list[str]:
     """Keys of one split; ``all`` (or a folder without splits.json) is every pair."""
-    root = Path(root)
-    splits_path = root / "splits.json"
-    if split == "all" or not splits_path.exists():
-        return all_keys(root)
-    splits = json.loads(splits_path.read_text())
-    if split not in splits:
-        raise ValueError(f"{splits_path} has no split {split!r}; it has {sorted(splits)}")
-    return list(splits[split])
+    return summarization_data.split_keys(root, split, all_keys)
 
 
 def load_split(root: str | Path, split: str, limit: int | None = None) -> list[Pair]:

@@ -8,6 +8,8 @@ from the folder's layout, so every command takes just ``--data <folder>``.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -23,6 +25,18 @@ def corpus_of(data: str | Path) -> ModuleType:
         return sumpubmed
     raise ValueError(f"{data} is neither a BBC News Summary folder ('{bbc.ARTICLES}/') "
                      "nor a SumPubMed folder ('text/' + 'abstract/')")
+
+
+def split_keys(root: str | Path, split: str, all_keys: Callable[[Path], list[str]]) -> list[str]:
+    """Keys of one split of ``splits.json``; ``all`` (or a folder without splits.json) is every pair."""
+    root = Path(root)
+    splits_path = root / "splits.json"
+    if split == "all" or not splits_path.exists():
+        return all_keys(root)
+    splits = json.loads(splits_path.read_text())
+    if split not in splits:
+        raise ValueError(f"{splits_path} has no split {split!r}; it has {sorted(splits)}")
+    return [str(key) for key in splits[split]]
 
 
 def corpus_name(data: str | Path) -> str:

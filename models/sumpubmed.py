@@ -14,10 +14,11 @@ notes, run-together keywords or conference details), header lines dropped.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from models import summarization_data
 
 SPLITS = ("train", "dev", "test")
 HEADERS = ("BACKGROUND", "RESULTS", "CONCLUSIONS")
@@ -77,15 +78,8 @@ def all_keys(root: str | Path) -> list[str]:
 
 
 def split_keys(root: str | Path, split: str) -> list[str]:
-    """Ids of one split; ``all`` (or a folder without splits.json) is every pair."""
-    root = Path(root)
-    splits_path = root / "splits.json"
-    if split == "all" or not splits_path.exists():
-        return all_keys(root)
-    splits = json.loads(splits_path.read_text())
-    if split not in splits:
-        raise ValueError(f"{splits_path} has no split {split!r}; it has {sorted(splits)}")
-    return [str(i) for i in splits[split]]
+    """Keys of one split; ``all`` (or a folder without splits.json) is every pair."""
+    return summarization_data.split_keys(root, split, all_keys)
 
 
 def load_split(root: str | Path, split: str, limit: int | None = None) -> list[Pair]:
