@@ -20,7 +20,6 @@ from pathlib import Path
 
 from models import summarization_data
 
-SPLITS = ("train", "dev", "test")
 HEADERS = ("BACKGROUND", "RESULTS", "CONCLUSIONS")
 
 
@@ -34,10 +33,6 @@ class Pair:
     def document(self) -> str:
         """What the summarizer reads."""
         return self.body
-
-
-def _paragraphs(text: str) -> list[str]:
-    return [p.strip() for p in re.split(r"\n\s*\n|\n", text) if p.strip()]
 
 
 def _is_header(line: str) -> bool:
@@ -66,7 +61,7 @@ def read_pair(root: str | Path, key: str | int) -> Pair:
     root = Path(root)
     body = (root / "text" / f"text_{key}.txt").read_text(encoding="utf-8", errors="replace")
     abstract = (root / "abstract" / f"abstract_{key}.txt").read_text(encoding="utf-8", errors="replace")
-    paragraphs = [p for p in _paragraphs(body) if p not in HEADERS]
+    paragraphs = [line.strip() for line in body.splitlines() if line.strip() and line.strip() not in HEADERS]
     return Pair(key=str(key), body="\n".join(paragraphs), summary=clean_abstract(abstract))
 
 

@@ -114,19 +114,17 @@ class SessionFlow:
         chunks = await self.sessions.chunks(session_id)
         finished = await model.pipeline.finish(state, chunks, last_result, stream=stream, options=options)
         if finished.tokens is None:
-            await self._store_final(meta, finished.result, model)
+            await self._store_final(meta, finished.result)
             return meta, finished
-        return meta, Finished(finished.result, self._store_after_stream(meta, finished, model))
+        return meta, Finished(finished.result, self._store_after_stream(meta, finished))
 
-    async def _store_after_stream(
-        self, meta: SessionMeta, finished: Finished, model: LoadedModel
-    ) -> AsyncIterator[str]:
+    async def _store_after_stream(self, meta: SessionMeta, finished: Finished) -> AsyncIterator[str]:
         assert finished.tokens is not None
         async for token in finished.tokens:
             yield token
-        await self._store_final(meta, finished.result, model)  # the pipeline fills result as it streams
+        await self._store_final(meta, finished.result)  # the pipeline fills result as it streams
 
-    async def _store_final(self, meta: SessionMeta, result: dict[str, Any], model: LoadedModel) -> None:
+    async def _store_final(self, meta: SessionMeta, result: dict[str, Any]) -> None:
         outcome = await self.sessions.finish(meta, result)
         if outcome == 0:
             raise SequenceConflict("a piece arrived while the session was finishing; finish again", meta.seq + 1)

@@ -183,6 +183,7 @@ class SessionStore:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.zadd(self._owner_key(owner), {session_id: deadline})
                 pipe.zadd(self._live_key(model), {session_id: now + ttl})
+                pipe.zremrangebyscore(self._live_key(model), "-inf", now)  # prune idle-expired ones here
                 await pipe.execute()
         return SessionMeta.from_hash(
             session_id, {k.encode(): str(v).encode() for k, v in fields.items()}, ttl
@@ -232,14 +233,14 @@ class SessionStore:
         return SessionMeta.from_hash(meta.id, fields, ttl)
 
     async def live_counts(self, models: list[str]) -> dict[str, int]:
-        """Open, unexpired sessions per model (entries past their idle expiry are dropped first)."""
+        """Open sessions per model whose idle expiry lies ahead (read-only: pruning happens at create)."""
         now = time.time()
         with self.store.unavailable_as_error(), self.metrics.time_redis("live_counts"):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for model in models:
-                    pipe.zremrangebyscore(self._live_key(model), "-inf", now).zcard(self._live_key(model))
-                replies = await pipe.execute()
-        return dict(zip(models, replies[1::2], strict=True))
+                    pipe.zcount(self._live_key(model), now, "+inf")
+                counts = await pipe.execute()
+        return dict(zip(models, counts, strict=True))
 
     async def snapshot(self, session_id: str, owner: str) -> tuple[SessionMeta, Arrays, dict[str, Any] | None]:
         """Meta, state and last result, read together in one transaction."""

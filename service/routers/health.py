@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from service.dependencies import MetricsDep, StoreDep
+from service.dependencies import FlowDep, MetricsDep, StoreDep
 from service.state_store import StateStoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,9 @@ async def readyz(request: Request, response: Response, store: StoreDep) -> Readi
 
 
 @router.get("/metrics", summary="Prometheus metrics (text exposition format)", response_class=Response)
-async def metrics(request: Request, metrics: MetricsDep) -> Response:
-    flow = getattr(request.app.state, "flow", None)
-    if flow is not None:
-        try:
-            await flow.refresh_active_sessions()
-        except StateStoreUnavailable as error:  # the other families still answer; the gauge keeps its last value
-            log.warning("active-session count not refreshed: %s", error)
+async def metrics(metrics: MetricsDep, flow: FlowDep) -> Response:
+    try:
+        await flow.refresh_active_sessions()
+    except StateStoreUnavailable as error:  # the other families still answer; the gauge keeps its last value
+        log.warning("active-session count not refreshed: %s", error)
     return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
