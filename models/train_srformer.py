@@ -433,15 +433,20 @@ def schedule_main(argv: Sequence[str]) -> int:
 
 
 def ship_main(argv: Sequence[str]) -> int:
-    """Copy a run's checkpoint as the shipped artifact, weights in fp16 (MiniLM parts are not stored)."""
+    """Copy a run's checkpoint as the shipped artifact (MiniLM parts are not stored).
+
+    fp16 halves the file; ship fp32 when the fp16 copy scores measurably lower (`rtserve eval` both).
+    """
     parser = argparse.ArgumentParser(prog="python -m models.train_srformer ship")
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("out", type=Path)
+    parser.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored weight type")
     args = parser.parse_args(list(argv))
     checkpoint = load_checkpoint(args.checkpoint)
-    half = {name: t.half() if t.is_floating_point() else t for name, t in checkpoint.state_dict.items()}
-    extras = dict(checkpoint.extras, weights_dtype="float16", source_run=str(args.checkpoint))
-    save_checkpoint(args.out, "srformer", checkpoint.config, half, extras)
+    dtype = getattr(torch, args.dtype)
+    weights = {name: t.to(dtype) if t.is_floating_point() else t for name, t in checkpoint.state_dict.items()}
+    extras = dict(checkpoint.extras, weights_dtype=args.dtype, source_run=str(args.checkpoint))
+    save_checkpoint(args.out, "srformer", checkpoint.config, weights, extras)
     size = sum(f.stat().st_size for f in args.out.iterdir())
     print(json.dumps({"out": str(args.out), "bytes": size}))
     return 0
