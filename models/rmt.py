@@ -228,11 +228,13 @@ def trained_state_dict(model: RMT, dtype: torch.dtype = torch.float16) -> dict[s
     return out
 
 
-def load_rmt(folder: str) -> RMT:
-    """Rebuild a trained RMT from a checkpoint folder: package MiniLM + the stored deltas (fp32)."""
-    from models.checkpoint import load_checkpoint
+def load_rmt(source: Any) -> RMT:
+    """Rebuild a trained RMT from a checkpoint folder (or a ``Checkpoint`` already read from one):
+    package MiniLM + the stored deltas (fp32)."""
+    from models.checkpoint import Checkpoint, load_checkpoint
 
-    ckpt = load_checkpoint(folder)
+    ckpt = source if isinstance(source, Checkpoint) else load_checkpoint(source)
+    folder = ckpt.folder
     if ckpt.family != "rmt":
         raise ValueError(f"{folder} holds a {ckpt.family!r} model, not 'rmt'")
     config = RMTConfig.from_dict(ckpt.config)

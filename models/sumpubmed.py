@@ -61,7 +61,7 @@ def read_pair(root: str | Path, key: str | int) -> Pair:
     root = Path(root)
     body = (root / "text" / f"text_{key}.txt").read_text(encoding="utf-8", errors="replace")
     abstract = (root / "abstract" / f"abstract_{key}.txt").read_text(encoding="utf-8", errors="replace")
-    paragraphs = [line.strip() for line in body.splitlines() if line.strip() and line.strip() not in HEADERS]
+    paragraphs = [p for p in (line.strip() for line in body.splitlines()) if p and p not in HEADERS]
     return Pair(key=str(key), body="\n".join(paragraphs), summary=clean_abstract(abstract))
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from models.checkpoint import save_checkpoint
+from models.checkpoint import load_checkpoint, save_checkpoint
 from models.hyperpartisan import LABEL_NAMES, Article, load_articles, load_split
 from models.minilm import load_minilm_tokenizer
 from models.rmt import RMT, RMTConfig, cross_entropy, load_rmt, rmt_from_minilm, trained_state_dict
@@ -226,8 +226,11 @@ def train_main(argv: Sequence[str]) -> int:
             **{f"dev_{k2}": v for k2, v in dev_scores.items()}, "elapsed_s": round(time.time() - started, 1),
         })
         progress.write(json.dumps(history[-1]))
-        last_epoch = epoch + 1 == args.epochs
-        if (refit and last_epoch) or (not refit and (best is None or dev_scores["macro_f1"] > best["dev_macro_f1"])):
+        if refit:  # no dev left to select on: the last epoch
+            keep = epoch + 1 == args.epochs
+        else:
+            keep = best is None or dev_scores["macro_f1"] > best["dev_macro_f1"]
+        if keep:
             best = history[-1]
             extras = {
                 "task": "classify", "label_names": list(LABEL_NAMES),
@@ -262,9 +265,9 @@ def eval_main(argv: Sequence[str]) -> int:
     folder = args.checkpoint
     if (folder / "manifest.json").exists() and (folder / "checkpoint" / "config.json").exists():
         folder = folder / "checkpoint"  # a model-repository entry: score the checkpoint it was exported from
-    model = load_rmt(str(folder))
-    recipe = json.loads((folder / "config.json").read_text()).get("extras", {}).get("recipe", {})
-    trained_on = recipe.get("fit_on", "train")  # a split scored here may have been trained on: say so
+    checkpoint = load_checkpoint(folder)
+    model = load_rmt(checkpoint)
+    trained_on = checkpoint.extras.get("recipe", {}).get("fit_on", "train")  # a scored split may have been trained on
     if args.segments:
         model.config.max_segments = args.segments
     articles = load_split(args.data, args.split)

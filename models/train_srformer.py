@@ -441,11 +441,14 @@ def ship_main(argv: Sequence[str]) -> int:
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored weight type")
+    parser.add_argument("--beams", type=int, default=1, help="the service's default search (chosen on dev)")
+    parser.add_argument("--no-repeat-ngram", type=int, default=0, help="the service's default (chosen on dev)")
     args = parser.parse_args(list(argv))
     checkpoint = load_checkpoint(args.checkpoint)
     dtype = getattr(torch, args.dtype)
     weights = {name: t.to(dtype) if t.is_floating_point() else t for name, t in checkpoint.state_dict.items()}
-    extras = dict(checkpoint.extras, weights_dtype=args.dtype, source_run=str(args.checkpoint))
+    decode = {"beams": args.beams, "no_repeat_ngram": args.no_repeat_ngram}
+    extras = dict(checkpoint.extras, decode=decode, weights_dtype=args.dtype, source_run=str(args.checkpoint))
     save_checkpoint(args.out, "srformer", checkpoint.config, weights, extras)
     size = sum(f.stat().st_size for f in args.out.iterdir())
     print(json.dumps({"out": str(args.out), "bytes": size}))

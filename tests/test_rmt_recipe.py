@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from models.train_rmt import train_main
+from models.train_rmt import eval_main, train_main
 
 WORDS = "the senate vote budget tax border court policy election reform".split()
 
@@ -39,7 +39,5 @@ def test_train_rmt_writes_a_checkpoint_per_recipe(tmp_path, capsys, fit_on):
         assert extras["dev"] == {} and extras["selected_epoch"] == 2
         assert not any("dev_macro_f1" in h for h in extras["history"])
     # eval reports what the checkpoint was trained on, so a dev score of a refit is not mistaken for held-out
-    from models.train_rmt import eval_main
-
     eval_main([str(out), "--data", str(data), "--split", "test"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["trained_on"] == fit_on
