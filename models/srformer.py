@@ -76,6 +76,8 @@ class SRformerConfig:
     d_ff: int = 1024  # MLP width
     max_target: int = 512  # decoder positions (learned position embeddings)
     dropout: float = 0.1
+    norm_position: str = "pre"  # "pre": pre-LN blocks (trained from scratch); "post": BERT's post-LN (warm start)
+    layer_norm_eps: float = 1e-5  # BERT's is 1e-12
     raf_clamp: float = 1e4  # App. A.3: clamp K'V and P before the RAF neuron
     output_vocab: str = "source"  # "source": ids of the document + [SEP]; "full": all ids
     copy: bool = True  # pointer over the attended segment mixed with the vocabulary (See et al. 2017)
@@ -93,6 +95,8 @@ class SRformerConfig:
             raise ValueError(f"cross_attention must be one of {MODES}, not {self.cross_attention!r}")
         if self.d_model % self.n_head:
             raise ValueError("d_model must be a multiple of n_head")
+        if self.norm_position not in ("pre", "post"):
+            raise ValueError(f"norm_position must be 'pre' or 'post', not {self.norm_position!r}")
 
 
 def schedule_length(config: SRformerConfig, k_valid: torch.Tensor) -> torch.Tensor:
@@ -325,25 +329,48 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN decoder block: self-attention, cross-attention, MLP."""
+    """Decoder block: self-attention, cross-attention, MLP; pre-LN, or post-LN as BERT's layers
+    (``norm_position="post"``, so MiniLM's layers can warm-start it, BERT2BERT-style)."""
 
     def __init__(self, config: SRformerConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.post_norm = config.norm_position == "post"
+        self.ln_1 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.attn = SelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.ln_2 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.cross = CrossAttention(config)
-        self.ln_3 = nn.LayerNorm(config.d_model)
+        self.ln_3 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.mlp = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
                 seg: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.post_norm:
+            x = self.ln_1(x + self.drop(self.attn(x)))
+            a, att = self.cross(x, mem, mask, seg, match)
+            x = self.ln_2(x + self.drop(a))
+            return self.ln_3(x + self.drop(self.mlp(x))), att
         x = x + self.drop(self.attn(self.ln_1(x)))
         a, att = self.cross(self.ln_2(x), mem, mask, seg, match)
         x = x + self.drop(a)
         return x + self.drop(self.mlp(self.ln_3(x))), att
+
+    def step(self, x: torch.Tensor, cache: Mapping[str, torch.Tensor], mem: Mapping[str, torch.Tensor],
+             mask: torch.Tensor, seg: torch.Tensor, prev: torch.Tensor, context: torch.Tensor
+             ) -> tuple[torch.Tensor, State, torch.Tensor, torch.Tensor]:
+        """One decoder step of this block. cache holds this layer's "self_k", "self_v", "membrane",
+        "raf_out"; returns the output (B, d), their next values, and the cross-attention weights and
+        positions (see :meth:`CrossAttention.step`)."""
+        new: State = {}
+        norm_1, norm_2, norm_3 = (nn.Identity(),) * 3 if self.post_norm else (self.ln_1, self.ln_2, self.ln_3)
+        a, new["self_k"], new["self_v"] = self.attn.step(norm_1(x), cache["self_k"], cache["self_v"])
+        x = self.ln_1(x + a) if self.post_norm else x + a
+        a, new["membrane"], new["raf_out"], att, pos = self.cross.step(
+            norm_2(x), mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
+        x = self.ln_2(x + a) if self.post_norm else x + a
+        x = self.ln_3(x + self.mlp(x)) if self.post_norm else x + self.mlp(norm_3(x))
+        return x, new, att, pos
 
 
 class SRformer(nn.Module):
@@ -360,9 +387,11 @@ class SRformer(nn.Module):
         self.register_buffer("wte", torch.randn(config.vocab_size, config.embed_dim) * 0.05, persistent=False)
         self.embed_in = nn.Linear(config.embed_dim, config.d_model, bias=False)
         self.wpe = nn.Embedding(config.max_target, config.d_model)
+        post_norm = config.norm_position == "post"  # BERT's embedding LayerNorm
+        self.ln_e = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if post_norm else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(config.d_model)
+        self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.embed_out = nn.Linear(config.d_model, config.embed_dim)  # tied to wte after this
         self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.copy_gate = nn.Linear(config.d_model, 1) if config.copy else None
@@ -450,7 +479,7 @@ class SRformer(nn.Module):
         m, q = self.schedule(mask)
         seg = segment_index(torch.arange(T, device=tokens.device)[None, :], m[:, None], q[:, None])  # (B, T)
         x = self.embed_in(self.wte[tokens]) + self.wpe(torch.arange(T, device=tokens.device))  # (B, T, d)
-        x = self.drop(x)
+        x = self.drop(x if self.ln_e is None else self.ln_e(x))
         prev1, prev2 = self._source_context(vocab_ids, src_index)  # (B, k)
         last2 = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], dim=1)  # (B, T)
         match = continuation(prev1, prev2, tokens, last2)  # (B, 2, T, k)
@@ -481,18 +510,15 @@ class SRformer(nn.Module):
         t = torch.as_tensor(t, device=m.device).expand_as(m)  # (B,): one step index, or one per row (export)
         seg = segment_index(t, m, q)  # (B,)
         x = self.embed_in(self.wte[token]) + self.wpe(t)  # (B, d)
+        x = x if self.ln_e is None else self.ln_e(x)
         new: State = {"prev": seg, "last": token}
         prev1, prev2 = self._source_context(vocab_ids, src_index)
         context = continuation(prev1, prev2, token[:, None], cache["last"][:, None])[:, :, 0]  # (B, 2, k)
         for layer, (block, mem) in enumerate(zip(self.blocks, memory, strict=True)):
-            a, new[f"self_k{layer}"], new[f"self_v{layer}"] = block.attn.step(
-                block.ln_1(x), cache[f"self_k{layer}"], cache[f"self_v{layer}"])
-            x = x + a
-            a, new[f"membrane{layer}"], new[f"raf_out{layer}"], att, pos = block.cross.step(
-                block.ln_2(x), mem, mask, seg, cache["prev"], cache[f"membrane{layer}"], cache[f"raf_out{layer}"],
-                context)
-            x = x + a
-            x = x + block.mlp(block.ln_3(x))
+            names = ("self_k", "self_v", "membrane", "raf_out")
+            x, block_cache, att, pos = block.step(x, {n: cache[f"{n}{layer}"] for n in names}, mem, mask, seg,
+                                                  cache["prev"], context)
+            new.update({f"{n}{layer}": block_cache[n] for n in names})
         return self._output(x[:, None], att[:, :, None], pos, vocab_ids, vocab_mask, src_index)[:, 0], new
 
     # -- generation ---------------------------------------------------------------------------
@@ -783,6 +809,42 @@ class SummarizerStream:
 def text_bytes(text: str) -> torch.Tensor:
     """A text piece as the (1, n) uint8 tensor :meth:`SummarizerStream.step` reads."""
     return torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)[None]
+
+
+@torch.no_grad()
+def warm_start_from_minilm(model: SRformer) -> None:
+    """BERT2BERT-style start (Rothe et al., 2020): the decoder's embedding LayerNorm and positions, and
+    each block's self-attention, MLP and their LayerNorms from MiniLM's layers 0..n_layer-1 (the
+    self-attention made causal by the decoder's mask). Cross-attention, the copy gate and the output
+    projection keep their random initialization; ``embed_in`` starts as the identity."""
+    from models.minilm import minilm_config, minilm_state_dict
+
+    c, bert = model.config, minilm_config()
+    shape = (c.norm_position, c.d_model, c.embed_dim, c.n_head, c.d_ff, c.layer_norm_eps)
+    if shape != ("post", bert.hidden_size, bert.hidden_size, bert.num_attention_heads, bert.intermediate_size,
+                 bert.layer_norm_eps) \
+            or c.n_layer > bert.num_hidden_layers:
+        raise ValueError(f"warm start needs MiniLM's shape (post-LN, d={bert.hidden_size}, "
+                         f"{bert.num_attention_heads} heads, d_ff={bert.intermediate_size}, eps={bert.layer_norm_eps}, "
+                         f"at most {bert.num_hidden_layers} layers), not {shape} with {c.n_layer} layers")
+    mini = minilm_state_dict()
+    assert model.ln_e is not None
+    model.embed_in.weight.copy_(torch.eye(c.d_model))
+    positions = min(c.max_target, mini["embeddings.position_embeddings.weight"].shape[0])
+    model.wpe.weight[:positions] = (mini["embeddings.position_embeddings.weight"][:positions]
+                                    + mini["embeddings.token_type_embeddings.weight"][0])
+    model.ln_e.load_state_dict({"weight": mini["embeddings.LayerNorm.weight"],
+                                "bias": mini["embeddings.LayerNorm.bias"]})
+    for i, block in enumerate(model.blocks):
+        layer = {name[len(f"layer.{i}."):]: t for name, t in mini.items() if name.startswith(f"layer.{i}.")}
+        for part in ("weight", "bias"):
+            block.attn.qkv.get_parameter(part).copy_(torch.cat([layer[f"attention.{n}.{part}"]
+                                                                for n in ("query", "key", "value")]))
+            block.attn.proj.get_parameter(part).copy_(layer[f"attention.dense.{part}"])
+            block.ln_1.get_parameter(part).copy_(layer[f"attention.LayerNorm.{part}"])
+            block.mlp[0].get_parameter(part).copy_(layer[f"intermediate.{part}"])
+            block.mlp[2].get_parameter(part).copy_(layer[f"output.{part}"])
+            block.ln_3.get_parameter(part).copy_(layer[f"LayerNorm.{part}"])
 
 
 def load_srformer(folder: str | None = None, config: SRformerConfig | None = None) -> SRformer:

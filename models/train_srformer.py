@@ -10,8 +10,9 @@ so its outputs for every document (title + body, first ``max_source`` tokens,
 window by window) are computed once and cached under ``cache/`` (git-ignored)
 as fp16 safetensors; every run and every cross-attention mode reuses them. The
 decoder is trained teacher-forced with AdamW; after each epoch the dev loss and
-the greedy dev ROUGE (first ``--dev-limit`` documents) are measured and the
-epoch with the best dev ROUGE-1 is kept (the test split is never looked at).
+the greedy dev ROUGE (first ``--dev-limit`` documents; ``--dev-no-repeat-ngram``
+decodes them as the service will) are measured and the epoch with the best dev
+ROUGE-1 is kept (the test split is never looked at).
 The checkpoint holds only the decoder (MiniLM's word embeddings and encoder
 come from the pip package).
 """
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.srformer import SRformer, SRformerConfig, load_srformer
+from models.srformer import SRformer, SRformerConfig, load_srformer, warm_start_from_minilm
 from models.summarization_data import corpus_name, corpus_of, rouge_scores
 
 CACHE_ROOT = Path("cache")
@@ -231,26 +232,39 @@ def train_main(argv: Sequence[str]) -> int:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--minilm-shape", action="store_true",
+                        help="decoder blocks in MiniLM's shape: post-LN, d 384, 12 heads, MLP 1536 (overrides "
+                             "--d-model/--heads)")
+    parser.add_argument("--warm-start", action="store_true",
+                        help="start the decoder from MiniLM's layers, BERT2BERT-style (implies --minilm-shape)")
     parser.add_argument("--max-source", type=int, default=1024, help="tokens of each document read")
     parser.add_argument("--max-target", type=int, default=400, help="summary tokens trained on")
     parser.add_argument("--train-limit", type=int, default=0, help="use only the first N training pairs")
     parser.add_argument("--dev-limit", type=int, default=40, help="dev pairs decoded for selection")
+    parser.add_argument("--dev-no-repeat-ngram", type=int, default=0,
+                        help="decode the selection's dev summaries with this no-repeat n-gram rule (0 = plain greedy)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     args = parser.parse_args(list(argv))
     from tqdm import tqdm
 
-    from models.minilm import load_minilm_tokenizer
+    from models.minilm import load_minilm_tokenizer, minilm_config
 
     torch.set_num_threads(args.threads)
     seed_everything(args.seed)
+    shape = dict(d_model=args.d_model, n_head=args.heads, d_ff=4 * args.d_model)
+    if args.minilm_shape or args.warm_start:
+        bert = minilm_config()
+        shape = dict(d_model=bert.hidden_size, n_head=bert.num_attention_heads, d_ff=bert.intermediate_size,
+                     norm_position="post", layer_norm_eps=bert.layer_norm_eps)
     config = SRformerConfig(cross_attention=args.cross_attention, segment_size=args.segment_size,
                             summary_ratio=args.summary_ratio, summary_length=args.summary_length,
-                            recurrent_gate=args.recurrent_gate,
-                            d_model=args.d_model, n_layer=args.layers,
-                            n_head=args.heads, d_ff=4 * args.d_model, max_source=args.max_source,
-                            max_target=max(512, args.max_target + 1))
-    model = load_srformer(config=config).to(args.device).train()
+                            recurrent_gate=args.recurrent_gate, n_layer=args.layers, **shape,
+                            max_source=args.max_source, max_target=max(512, args.max_target + 1))
+    model = load_srformer(config=config)
+    if args.warm_start:
+        warm_start_from_minilm(model)
+    model = model.to(args.device).train()
     tokenizer = load_minilm_tokenizer()
     train = load_examples(args.data, "train", args.max_source, config.encoder_window, args.train_limit or None,
                           device=args.device)
@@ -286,7 +300,7 @@ def train_main(argv: Sequence[str]) -> int:
             dev_loss = sum(float(loss_of(model, collate(model, dev[i: i + 16], args.max_target)))
                            for i in range(0, len(dev), 16)) / math.ceil(len(dev) / 16)
         chosen = dev[: args.dev_limit]
-        texts, speed = summarize_examples(model, chosen, tokenizer)
+        texts, speed = summarize_examples(model, chosen, tokenizer, no_repeat_ngram=args.dev_no_repeat_ngram)
         scores = rouge_scores(texts, [e.reference for e in chosen])
         record = {"epoch": epoch + 1, "train_loss": round(running / max(count, 1), 4),
                   "dev_loss": round(dev_loss, 4), **{f"dev_{k}": v for k, v in scores.items()},

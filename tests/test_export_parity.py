@@ -46,6 +46,7 @@ FAMILIES = {
     "forecast": lambda folder: tiny_forecaster(folder / "rsa-tiny", "rsa"),
     "classify": lambda folder: tiny_rmt(folder / "rmt-tiny"),
     "summarize": lambda folder: tiny_srformer(folder / "srformer-tiny"),
+    "summarize-post-ln": lambda folder: tiny_srformer(folder / "srformer-post-tiny", norm_position="post"),
 }
 
 

@@ -95,8 +95,9 @@ def test_remaining_product_eq16_equals_direct_sum_over_other_segments():
 @pytest.mark.parametrize("mode,gate", [("full", False), ("segmented", False), ("srformer", False),
                                        ("srformer", True)])
 @pytest.mark.parametrize("ratio", [0.5, 0.05])  # q >= m (segments shared) and q < m (segments skipped)
-def test_step_by_step_equals_teacher_forced(mode, gate, ratio):
-    model = tiny(mode, summary_ratio=ratio, recurrent_gate=gate)
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_step_by_step_equals_teacher_forced(mode, gate, ratio, norm):
+    model = tiny(mode, summary_ratio=ratio, recurrent_gate=gate, norm_position=norm)
     fix_ids(model)
     data = batch(model, [45, 29, 8], k=45, T=24)  # T > q for the shorter documents: i clamps to m-1
     parallel = teacher_forced(model, *data)

@@ -1,9 +1,10 @@
 """The training recipe's batch code on a tiny SRformer: collate, loss, backward, decode."""
 
+import pytest
 import torch
 
-from models.minilm import load_minilm_tokenizer
-from models.srformer import SRformer, SRformerConfig
+from models.minilm import load_minilm_encoder, load_minilm_tokenizer
+from models.srformer import SRformer, SRformerConfig, load_srformer, warm_start_from_minilm
 from models.train_srformer import Example, collate, loss_of, summarize_examples
 
 
@@ -28,3 +29,26 @@ def test_collate_loss_and_decode_run_on_a_tiny_model():
     assert torch.isfinite(loss) and model.embed_in.weight.grad is not None
     texts, speed = summarize_examples(model, examples, load_minilm_tokenizer(), batch_size=2)
     assert len(texts) == 2 and speed["generated_tokens_mean"] >= 1
+
+
+def test_warm_start_copies_minilm_layers_bert2bert_style():
+    """The warm-started decoder's embeddings and each block's self-attention and MLP sublayers compute
+    MiniLM's: at the last position causal attention sees every token, so it equals BERT's bidirectional one."""
+    config = SRformerConfig(norm_position="post", d_model=384, n_head=12, d_ff=1536, n_layer=2, dropout=0.0,
+                            layer_norm_eps=1e-12)
+    model = load_srformer(config=config)
+    warm_start_from_minilm(model)
+    bert = load_minilm_encoder().eval()
+    ids = torch.tensor([[101, 7592, 2088, 2003, 1037, 3231, 6251, 1012]])
+    with torch.no_grad():
+        x = model.ln_e(model.embed_in(model.wte[ids]) + model.wpe(torch.arange(ids.shape[1])))
+        expected = bert.embed(ids)
+        torch.testing.assert_close(x, expected, atol=1e-4, rtol=0)
+        for block, layer in zip(model.blocks, bert.layer, strict=False):
+            after_attention = block.ln_1(x + block.attn(x))[:, -1]
+            torch.testing.assert_close(after_attention, layer.attention(x, torch.zeros(1))[:, -1], atol=1e-4, rtol=0)
+            h = layer.attention(x, torch.zeros(1))
+            torch.testing.assert_close(block.ln_3(h + block.mlp(h)), layer(x, torch.zeros(1)), atol=1e-4, rtol=0)
+            x = layer(x, torch.zeros(1))
+    with pytest.raises(ValueError, match="MiniLM's shape"):
+        warm_start_from_minilm(load_srformer(config=SRformerConfig(d_model=128, n_head=4, d_ff=512)))
