@@ -37,6 +37,10 @@ like App. A.3's b_Si; it does not enter the recurrent part).
 ``recurrent_gate`` weights O_R by a per-head scalar learned from 0 (Eq. 10's
 trainable weighting) instead of the plain sum of Eq. (11).
 
+Decoder blocks are pre-LN (``norm_position="pre"``, trained from scratch: the
+shipped recipe) or post-LN like BERT's, so that :func:`warm_start_from_minilm`
+can start them from MiniLM's layers (BERT2BERT, Rothe et al., 2020).
+
 Serving (segment-model contract, DESIGN.md): :class:`SummarizerStream` reads a
 document as UTF-8 text pieces of any size. Its state holds the undecoded bytes,
 the tokens of the open encoder window, and - append-only - the source ids, the
@@ -363,14 +367,19 @@ class Block(nn.Module):
         "raf_out"; returns the output (B, d), their next values, and the cross-attention weights and
         positions (see :meth:`CrossAttention.step`)."""
         new: State = {}
-        norm_1, norm_2, norm_3 = (nn.Identity(),) * 3 if self.post_norm else (self.ln_1, self.ln_2, self.ln_3)
-        a, new["self_k"], new["self_v"] = self.attn.step(norm_1(x), cache["self_k"], cache["self_v"])
-        x = self.ln_1(x + a) if self.post_norm else x + a
+        if self.post_norm:
+            a, new["self_k"], new["self_v"] = self.attn.step(x, cache["self_k"], cache["self_v"])
+            x = self.ln_1(x + a)
+            a, new["membrane"], new["raf_out"], att, pos = self.cross.step(
+                x, mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
+            x = self.ln_2(x + a)
+            return self.ln_3(x + self.mlp(x)), new, att, pos
+        a, new["self_k"], new["self_v"] = self.attn.step(self.ln_1(x), cache["self_k"], cache["self_v"])
+        x = x + a
         a, new["membrane"], new["raf_out"], att, pos = self.cross.step(
-            norm_2(x), mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
-        x = self.ln_2(x + a) if self.post_norm else x + a
-        x = self.ln_3(x + self.mlp(x)) if self.post_norm else x + self.mlp(norm_3(x))
-        return x, new, att, pos
+            self.ln_2(x), mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
+        x = x + a
+        return x + self.mlp(self.ln_3(x)), new, att, pos
 
 
 class SRformer(nn.Module):
@@ -387,8 +396,8 @@ class SRformer(nn.Module):
         self.register_buffer("wte", torch.randn(config.vocab_size, config.embed_dim) * 0.05, persistent=False)
         self.embed_in = nn.Linear(config.embed_dim, config.d_model, bias=False)
         self.wpe = nn.Embedding(config.max_target, config.d_model)
-        post_norm = config.norm_position == "post"  # BERT's embedding LayerNorm
-        self.ln_e = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if post_norm else None
+        self.ln_e = (nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)  # BERT's embedding LayerNorm
+                     if config.norm_position == "post" else None)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
