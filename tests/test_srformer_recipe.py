@@ -44,11 +44,11 @@ def test_warm_start_copies_minilm_layers_bert2bert_style():
         x = model.ln_e(model.embed_in(model.wte[ids]) + model.wpe(torch.arange(ids.shape[1])))
         expected = bert.embed(ids)
         torch.testing.assert_close(x, expected, atol=1e-4, rtol=0)
-        for block, layer in zip(model.blocks, bert.layer, strict=False):
-            after_attention = block.ln_1(x + block.attn(x))[:, -1]
-            torch.testing.assert_close(after_attention, layer.attention(x, torch.zeros(1))[:, -1], atol=1e-4, rtol=0)
-            h = layer.attention(x, torch.zeros(1))
-            torch.testing.assert_close(block.ln_3(h + block.mlp(h)), layer(x, torch.zeros(1)), atol=1e-4, rtol=0)
-            x = layer(x, torch.zeros(1))
+        no_mask = torch.zeros(1)
+        for block, layer in zip(model.blocks, bert.layer, strict=False):  # the decoder's 2 of MiniLM's 6
+            h = layer.attention(x, no_mask)
+            torch.testing.assert_close(block.ln_1(x + block.attn(x))[:, -1], h[:, -1], atol=1e-4, rtol=0)
+            x = layer(x, no_mask)
+            torch.testing.assert_close(block.ln_3(h + block.mlp(h)), x, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="MiniLM's shape"):
         warm_start_from_minilm(load_srformer(config=SRformerConfig(d_model=128, n_head=4, d_ff=512)))
