@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from models.checkpoint import Checkpoint, load_checkpoint
 from models.minilm import BertConfig, MiniLMEncoder, minilm_config, minilm_state_dict
 from models.segment import State, TensorSpec
 
@@ -228,11 +230,9 @@ def trained_state_dict(model: RMT, dtype: torch.dtype = torch.float16) -> dict[s
     return out
 
 
-def load_rmt(source: Any) -> RMT:
+def load_rmt(source: str | Path | Checkpoint) -> RMT:
     """Rebuild a trained RMT from a checkpoint folder (or a ``Checkpoint`` already read from one):
     package MiniLM + the stored deltas (fp32)."""
-    from models.checkpoint import Checkpoint, load_checkpoint
-
     ckpt = source if isinstance(source, Checkpoint) else load_checkpoint(source)
     folder = ckpt.folder
     if ckpt.family != "rmt":

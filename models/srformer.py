@@ -523,8 +523,8 @@ class SRformer(nn.Module):
         new: State = {"prev": seg, "last": token}
         prev1, prev2 = self._source_context(vocab_ids, src_index)
         context = continuation(prev1, prev2, token[:, None], cache["last"][:, None])[:, :, 0]  # (B, 2, k)
+        names = ("self_k", "self_v", "membrane", "raf_out")  # per-layer cache entries, suffixed by the layer
         for layer, (block, mem) in enumerate(zip(self.blocks, memory, strict=True)):
-            names = ("self_k", "self_v", "membrane", "raf_out")
             x, block_cache, att, pos = block.step(x, {n: cache[f"{n}{layer}"] for n in names}, mem, mask, seg,
                                                   cache["prev"], context)
             new.update({f"{n}{layer}": block_cache[n] for n in names})
