@@ -151,6 +151,7 @@ def export_servable(
                 "outputs": [spec_dict(spec) for spec in graph.outputs],
                 "dynamic_axes": {k: {str(a): n for a, n in v.items()} for k, v in graph.dynamic_axes().items() if v},
                 "state_outputs": graph.state_outputs,
+                "axis_masks": graph.axis_masks,
                 "onnx_exporter": graph.onnx_exporter if "onnx" in written else None,
             }
         )

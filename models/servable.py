@@ -44,6 +44,9 @@ class Graph:
     sample_inputs: Callable[[int, torch.Generator], tuple[torch.Tensor, ...]]  # fresh random inputs, batch b
     state_outputs: dict[str, str] = field(default_factory=dict)  # state input name -> its next-value output
     onnx_exporter: str = "dynamo"  # "dynamo" (torch.export) or "torchscript" (the tracing exporter)
+    # symbolic axis -> the bool input marking each row's own positions on it: rows whose extents differ
+    # may share a batch, zero-padded at the end of that axis (autoregressive decode graphs)
+    axis_masks: dict[str, str] = field(default_factory=dict)
 
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
         """Symbolic axes of every input and output, as ``torch.onnx.export`` wants them."""

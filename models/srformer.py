@@ -321,14 +321,19 @@ class SelfAttention(nn.Module):
         att = att.masked_fill(~causal, NEG).softmax(dim=-1)
         return self.proj((att @ v).transpose(1, 2).reshape(B, T, d))
 
-    def step(self, x: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    def step(self, x: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, valid: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, d); caches (B, h, t, dh) -> output (B, d), caches (B, h, t+1, dh)."""
+        """x (B, d); caches (B, h, t, dh) -> output (B, d), caches (B, h, t+1, dh).
+
+        valid (B, t+1) marks the cache positions that hold this row's own earlier tokens (and the
+        new one): rows of different documents decoded in one batch carry padding in between.
+        """
         B, d = x.shape
         q, k, v = self.qkv(x).view(B, 3, self.n_head, 1, self.dh).unbind(1)  # (B, h, 1, dh)
         cache_k = torch.cat([cache_k, k], dim=2)
         cache_v = torch.cat([cache_v, v], dim=2)
-        att = ((q @ cache_k.transpose(-2, -1)) / math.sqrt(self.dh)).softmax(dim=-1)  # (B, h, 1, t+1)
+        att = (q @ cache_k.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, t+1)
+        att = att.masked_fill(~valid[:, None, None, :], NEG).softmax(dim=-1)
         return self.proj((att @ cache_v).reshape(B, d)), cache_k, cache_v
 
 
@@ -361,20 +366,22 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.ln_3(x))), att
 
     def step(self, x: torch.Tensor, cache: Mapping[str, torch.Tensor], mem: Mapping[str, torch.Tensor],
-             mask: torch.Tensor, seg: torch.Tensor, prev: torch.Tensor, context: torch.Tensor
-             ) -> tuple[torch.Tensor, State, torch.Tensor, torch.Tensor]:
+             mask: torch.Tensor, seg: torch.Tensor, prev: torch.Tensor, context: torch.Tensor,
+             self_valid: torch.Tensor) -> tuple[torch.Tensor, State, torch.Tensor, torch.Tensor]:
         """One decoder step of this block. cache holds this layer's "self_k", "self_v", "membrane",
-        "raf_out"; returns the output (B, d), their next values, and the cross-attention weights and
-        positions (see :meth:`CrossAttention.step`)."""
+        "raf_out"; self_valid (B, t+1) the self-attention positions this row may read. Returns the
+        output (B, d), the cache's next values, and the cross-attention weights and positions (see
+        :meth:`CrossAttention.step`)."""
         new: State = {}
         if self.post_norm:
-            a, new["self_k"], new["self_v"] = self.attn.step(x, cache["self_k"], cache["self_v"])
+            a, new["self_k"], new["self_v"] = self.attn.step(x, cache["self_k"], cache["self_v"], self_valid)
             x = self.ln_1(x + a)
             a, new["membrane"], new["raf_out"], att, pos = self.cross.step(
                 x, mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
             x = self.ln_2(x + a)
             return self.ln_3(x + self.mlp(x)), new, att, pos
-        a, new["self_k"], new["self_v"] = self.attn.step(self.ln_1(x), cache["self_k"], cache["self_v"])
+        a, new["self_k"], new["self_v"] = self.attn.step(self.ln_1(x), cache["self_k"], cache["self_v"],
+                                                         self_valid)
         x = x + a
         a, new["membrane"], new["raf_out"], att, pos = self.cross.step(
             self.ln_2(x), mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
@@ -503,7 +510,8 @@ class SRformer(nn.Module):
         c = self.config
         dh = c.d_model // c.n_head
         cache: State = {"prev": torch.full((batch,), -1, dtype=torch.long, device=device),
-                        "last": torch.full((batch,), -1, dtype=torch.long, device=device)}
+                        "last": torch.full((batch,), -1, dtype=torch.long, device=device),
+                        "self_mask": torch.zeros(batch, 0, dtype=torch.bool, device=device)}
         for layer in range(c.n_layer):
             cache[f"self_k{layer}"] = torch.zeros(batch, c.n_head, 0, dh, device=device)
             cache[f"self_v{layer}"] = torch.zeros(batch, c.n_head, 0, dh, device=device)
@@ -520,13 +528,16 @@ class SRformer(nn.Module):
         seg = segment_index(t, m, q)  # (B,)
         x = self.embed_in(self.wte[token]) + self.wpe(t)  # (B, d)
         x = x if self.ln_e is None else self.ln_e(x)
-        new: State = {"prev": seg, "last": token}
+        # self_mask (B, t): which self-attention cache positions are this row's own (rows of different
+        # documents decoded together are padded to one length); the new token's position is always valid
+        self_valid = torch.cat([cache["self_mask"], torch.ones_like(token, dtype=torch.bool)[:, None]], dim=1)
+        new: State = {"prev": seg, "last": token, "self_mask": self_valid}
         prev1, prev2 = self._source_context(vocab_ids, src_index)
         context = continuation(prev1, prev2, token[:, None], cache["last"][:, None])[:, :, 0]  # (B, 2, k)
         names = ("self_k", "self_v", "membrane", "raf_out")  # per-layer cache entries, suffixed by the layer
         for layer, (block, mem) in enumerate(zip(self.blocks, memory, strict=True)):
             x, block_cache, att, pos = block.step(x, {n: cache[f"{n}{layer}"] for n in names}, mem, mask, seg,
-                                                  cache["prev"], context)
+                                                  cache["prev"], context, self_valid)
             new.update({f"{n}{layer}": block_cache[n] for n in names})
         return self._output(x[:, None], att[:, :, None], pos, vocab_ids, vocab_mask, src_index)[:, 0], new
 

@@ -54,9 +54,9 @@ class DecodeStep(nn.Module):
 
     def forward(self, token: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, vocab_ids: torch.Tensor,
                 vocab_mask: torch.Tensor, src_index: torch.Tensor, prev: torch.Tensor, last: torch.Tensor,
-                *layers: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                self_mask: torch.Tensor, *layers: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # layers: per layer self_k, self_v, membrane, raf_out (cache), then k, v, kv, ksq (memory)
-        cache = {"prev": prev, "last": last}
+        cache = {"prev": prev, "last": last, "self_mask": self_mask}
         memory = []
         for layer in range(self.n_layer):
             self_k, self_v, membrane, raf_out, k, v, kv, ksq = layers[8 * layer: 8 * layer + 8]
@@ -64,7 +64,7 @@ class DecodeStep(nn.Module):
                           f"membrane{layer}": membrane, f"raf_out{layer}": raf_out})
             memory.append({"k": k, "v": v, "kv": kv, "ksq": ksq})
         logp, new = self.model.step(token, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)
-        outputs = [logp, new["prev"], new["last"]]
+        outputs = [logp, new["prev"], new["last"], new["self_mask"]]
         for layer in range(self.n_layer):
             outputs += [new[f"self_k{layer}"], new[f"self_v{layer}"], new[f"membrane{layer}"], new[f"raf_out{layer}"]]
         return tuple(outputs)
@@ -100,6 +100,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         t = torch.full((batch,), steps, dtype=torch.int64)
         prev = torch.zeros(batch, dtype=torch.int64)
         last = source[:, 0]
+        self_mask = torch.rand(batch, steps, generator=generator) < 0.8  # padded rows of a shared batch
         flat: list[torch.Tensor] = []
         for _ in range(layers):
             flat += [torch.randn(batch, h, steps, dh, generator=generator),
@@ -110,7 +111,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
             V = torch.randn(batch, h, k, dh, generator=generator)
             flat += [K, V, K.transpose(-2, -1) @ V, (K * K).sum(dim=(-2, -1))]
         return (token, t, mask, vocab_ids, torch.ones_like(vocab_ids, dtype=torch.bool), src_index, prev, last,
-                *flat)
+                self_mask, *flat)
 
     window_outputs: list[TensorSpec] = []
     for layer in range(layers):
@@ -129,7 +130,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
     )
     cache_in: list[TensorSpec] = []
     cache_out: list[TensorSpec] = []
-    state_outputs = {"prev": "next_prev", "last": "next_last"}
+    state_outputs = {"prev": "next_prev", "last": "next_last", "self_mask": "next_self_mask"}
     for layer in range(layers):
         names = [(f"self_k{layer}", ("batch", h, "steps", dh)), (f"self_v{layer}", ("batch", h, "steps", dh)),
                  (f"membrane{layer}", ("batch", h, dh, dh)), (f"raf_out{layer}", ("batch", h, dh, dh))]
@@ -147,6 +148,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         TensorSpec("src_index", "int64", ("batch", "source")),
         TensorSpec("prev", "int64", ("batch",)),
         TensorSpec("last", "int64", ("batch",)),
+        TensorSpec("self_mask", "bool", ("batch", "steps")),
     ]
     for layer in range(layers):
         decode_inputs += cache_in[4 * layer: 4 * layer + 4] + [
@@ -160,9 +162,13 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         module=DecodeStep(model),
         inputs=decode_inputs,
         outputs=[TensorSpec("logp", "float32", ("batch", "vocab")), TensorSpec("next_prev", "int64", ("batch",)),
-                 TensorSpec("next_last", "int64", ("batch",)), *cache_out],
+                 TensorSpec("next_last", "int64", ("batch",)),
+                 TensorSpec("next_self_mask", "bool", ("batch", "next_steps")), *cache_out],
         sample_inputs=decode_sample,
         state_outputs=state_outputs,
+        # rows of different documents share a batch zero-padded along these axes; each mask input
+        # marks the positions that are a row's own (the graph never reads the rest)
+        axis_masks={"source": "mask", "vocab": "vocab_mask", "steps": "self_mask"},
         onnx_exporter="torchscript",  # varargs + dynamic shapes trip torch.export in torch 2.13
     )
     # What a session stores between pieces, bounded: the text cutter's pending text and ids, the last

@@ -114,6 +114,15 @@ class ServiceMetrics:
         if self.gpu is not None and self.gpu.available:
             r.register(self.gpu)
 
+    def observe_batch(
+        self, model: str, backend: str, graph: str, rows: int, seconds: float, queued: list[float]
+    ) -> None:
+        """One batched model call: its size, its duration, and how long each of its callers queued."""
+        self.batch_size.labels(model=model).observe(rows)
+        self.step_seconds.labels(model=model, backend=backend, graph=graph).observe(seconds)
+        for wait in queued:
+            self.queue_seconds.labels(model=model).observe(wait)
+
     def time_redis(self, operation: str) -> object:
         """Context manager timing one Redis operation."""
         return self.redis_seconds.labels(operation=operation).time()

@@ -1,4 +1,8 @@
-"""Run the service under uvicorn, with graceful shutdown on SIGINT/SIGTERM."""
+"""Run the service under uvicorn, with graceful shutdown on SIGINT/SIGTERM.
+
+uvloop and httptools (C implementations of the event loop and the HTTP parser) are required
+dependencies; the per-request access log is off unless ``RTSERVE_ACCESS_LOG`` is set.
+"""
 
 from __future__ import annotations
 
@@ -21,5 +25,8 @@ def run(host: str | None = None, port: int | None = None) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        access_log=settings.access_log,
+        loop="uvloop",
+        http="httptools",
         timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds),
     )

@@ -1,22 +1,23 @@
 """Applying a piece to a session exactly once, on any replica.
 
-1. Read meta, state and last result in one transaction.
+1. One round trip (``SessionStore.begin``): meta, state and last result, and the
+   session's short lock when ``seq`` is the next piece.
 2. ``seq`` equal to the last applied one: a retry — return the stored result
    (refused if the piece differs). Anything but last + 1: 409 with the
-   expected number.
-3. Take the session's short lock so concurrent copies of the same piece wait
-   for one computation; compute the step; commit with the compare-and-set
-   script. A commit that loses the race returns what the winner stored.
+   expected number. The lock held by another request: wait for its commit.
+3. Compute the step; commit with the compare-and-set script, which also
+   releases the lock and returns the new meta (one more round trip). A commit
+   that loses the race returns what the winner stored.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from service.metrics import ServiceMetrics
-from service.runtime.pipeline import Finished
+from service.runtime.pipeline import Finished, InputError
 from service.runtime.registry import LoadedModel, ModelRegistry
 from service.sessions import (
     SequenceConflict,
@@ -48,37 +49,55 @@ class SessionFlow:
     def model_of(self, meta: SessionMeta) -> LoadedModel:
         return self.registry.resolve(meta.model, meta.task)
 
-    async def apply(self, session_id: str, owner: str, seq: int, piece: Any) -> Applied:
-        digest = piece_digest(piece)
+    async def apply(
+        self, session_id: str, owner: str, seq: int, text: str | None, rows: list[list[float]] | None,
+        note_model: Callable[[str], None] | None = None,
+    ) -> Applied:
+        """Apply piece ``seq`` (``text`` or ``rows``, whichever the session's model reads)."""
         for _ in range(3):  # a lost race or a lapsed lock sends us round again, with fresh state
-            meta, state, last_result = await self.sessions.snapshot(session_id, owner)
-            replay = self._check_sequence(meta, seq, digest, last_result)
-            if replay is not None:
-                return replay
-            token = await self.sessions.acquire(session_id, seq)
-            if token is None:  # another request is applying this session's next piece right now
-                await self.sessions.wait_for(session_id, owner, seq)
-                continue
+            meta, state, last_result, token = await self.sessions.begin(session_id, owner, seq)
+            if note_model is not None:
+                note_model(meta.model)
             try:
                 model = self.model_of(meta)
+                piece = self._piece(model, meta, text, rows)
+                digest = piece_digest(piece)
+                replay = self._check_sequence(meta, seq, digest, last_result)
+                if replay is not None:
+                    return replay
+                if token is None:  # another request is applying this session's next piece right now
+                    await self.sessions.wait_for(session_id, owner, seq)
+                    continue
                 consumed = await model.pipeline.consume(state, piece)
-                outcome = await self.sessions.commit(meta, seq, digest, consumed)
-            finally:
-                await self.sessions.release(session_id, token)
+            except BaseException:
+                if token is not None:
+                    await self.sessions.release(session_id, token)
+                raise
+            outcome, fresh = await self.sessions.commit(meta, seq, digest, consumed, token)
             if outcome == 1:
+                assert fresh is not None
                 self.metrics.segments.labels(model=model.ref).inc(consumed.segments)
-                fresh = await self.sessions.touch(meta)
                 self.metrics.session_state_bytes.labels(model=model.ref).observe(fresh.state_bytes)
                 return Applied(fresh, consumed.result, replayed=False)
             if outcome == -1:
                 raise SessionNotFound(f"session {session_id} expired while the piece was applied")
             if outcome == -2:
                 raise SessionFinished(f"session {session_id} is finished; start a new session")
-        meta, _, last_result = await self.sessions.snapshot(session_id, owner)
+        meta, _, last_result, _ = await self.sessions.snapshot(session_id, owner)
         replay = self._check_sequence(meta, seq, digest, last_result)
         if replay is not None:
             return replay
         raise SequenceConflict(f"piece {seq} could not be applied, try again", expected=meta.seq + 1)
+
+    @staticmethod
+    def _piece(model: LoadedModel, meta: SessionMeta, text: str | None, rows: list[list[float]] | None) -> Any:
+        """The piece the session's model reads: ``text`` or ``rows``, never both."""
+        kind = model.pipeline.input_kind
+        piece, other = (rows, text) if kind == "rows" else (text, rows)
+        if piece is None or other is not None:
+            wrong = "text" if kind == "rows" else "rows"
+            raise InputError(f"this is a {meta.task} session: send `{kind}`, not `{wrong}`")
+        return piece
 
     def _check_sequence(
         self, meta: SessionMeta, seq: int, digest: str, last_result: dict[str, Any] | None
@@ -107,15 +126,14 @@ class SessionFlow:
     async def finish(
         self, session_id: str, owner: str, stream: bool = False, options: dict[str, Any] | None = None
     ) -> tuple[SessionMeta, Finished]:
-        meta, state, last_result = await self.sessions.snapshot(session_id, owner)
+        """The final result; with ``stream`` the returned meta is from before finishing (it is stored after)."""
+        meta, state, last_result, chunks = await self.sessions.snapshot(session_id, owner, with_chunks=True)
         if meta.status == "finished":
             return meta, Finished(last_result or {})
         model = self.model_of(meta)
-        chunks = await self.sessions.chunks(session_id)
         finished = await model.pipeline.finish(state, chunks, last_result, stream=stream, options=options)
         if finished.tokens is None:
-            await self._store_final(meta, finished.result)
-            return meta, finished
+            return await self._store_final(meta, finished.result), finished
         return meta, Finished(finished.result, self._store_after_stream(meta, finished))
 
     async def _store_after_stream(self, meta: SessionMeta, finished: Finished) -> AsyncIterator[str]:
@@ -124,12 +142,13 @@ class SessionFlow:
             yield token
         await self._store_final(meta, finished.result)  # the pipeline fills result as it streams
 
-    async def _store_final(self, meta: SessionMeta, result: dict[str, Any]) -> None:
-        outcome = await self.sessions.finish(meta, result)
+    async def _store_final(self, meta: SessionMeta, result: dict[str, Any]) -> SessionMeta:
+        outcome, fresh = await self.sessions.finish(meta, result)
         if outcome == 0:
             raise SequenceConflict("a piece arrived while the session was finishing; finish again", meta.seq + 1)
-        elif outcome == -1:
+        if outcome == -1 or fresh is None:
             raise SessionNotFound(f"session {meta.id} expired while finishing")
+        return fresh
 
     async def delete(self, session_id: str, owner: str) -> None:
         await self.sessions.delete(session_id, owner)

@@ -19,6 +19,11 @@ A piece is applied exactly once: the commit is one Lua script that checks
 the sequence number it read is still current (compare-and-set) and writes
 state, result and chunk together or not at all. Idle sessions expire after
 the TTL; none outlives its maximum lifetime.
+
+An applied piece costs two round trips to Redis: ``BEGIN_SCRIPT`` reads meta,
+state and last result and takes the session's lock when the piece is the
+next one; ``COMMIT_SCRIPT`` writes, releases the lock and returns the new
+meta, pipelined with the live-index touch. A retry costs one.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from redis.exceptions import NoScriptError
 
 from service.metrics import ServiceMetrics
 from service.runtime.pipeline import Arrays, Consumed
@@ -38,38 +45,64 @@ from service.settings import Settings
 from service.state_store import StateStore
 from service.tensor_codec import decode_tensors, encode_tensors
 
+BEGIN_SCRIPT = """
+-- KEYS: meta, state, result, lock; ARGV: seq to apply, owner, lock token, lock milliseconds
+-- Returns {} when the session is gone, else {meta fields, meta ttl, state, result, locked}: the lock
+-- is taken only when the owner matches, the session is open and the piece is the next one.
+local fields = redis.call('HGETALL', KEYS[1])
+if #fields == 0 then return {} end
+local meta = {}
+for i = 1, #fields, 2 do meta[fields[i]] = fields[i + 1] end
+local locked = 0
+if meta['owner'] == ARGV[2] and meta['status'] ~= 'finished' and tonumber(ARGV[1]) == tonumber(meta['seq']) + 1 then
+  if redis.call('SET', KEYS[4], ARGV[3], 'NX', 'PX', ARGV[4]) then locked = 1 end
+end
+return {fields, redis.call('TTL', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3]), locked}
+"""
+
 COMMIT_SCRIPT = """
--- KEYS: meta, state, result, chunks
--- ARGV: expected_seq, new_seq, state, result, ttl, piece_sha, consumed, segments, state_bytes,
+-- KEYS: meta, state, result, chunks, lock
+-- ARGV: expected_seq, new_seq, state, result, ttl, piece_sha, consumed, segments, state_bytes, lock token,
 --       chunk (optional, appended)
+-- Returns {outcome, meta fields, meta ttl}: 1 applied, 0 lost the race, -1 session gone, -2 finished.
+-- The lock is released (if still ours) whatever the outcome.
+local function unlock()
+  if redis.call('GET', KEYS[5]) == ARGV[10] then redis.call('DEL', KEYS[5]) end
+end
 local current = redis.call('HGET', KEYS[1], 'seq')
-if not current then return -1 end
-if tonumber(current) ~= tonumber(ARGV[1]) then return 0 end
-if redis.call('HGET', KEYS[1], 'status') == 'finished' then return -2 end
+if not current then unlock() return {-1} end
+if tonumber(current) ~= tonumber(ARGV[1]) then unlock() return {0} end
+if redis.call('HGET', KEYS[1], 'status') == 'finished' then unlock() return {-2} end
 redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'piece_sha', ARGV[6], 'state_bytes', ARGV[9])
 redis.call('HINCRBY', KEYS[1], 'consumed', ARGV[7])
 redis.call('HINCRBY', KEYS[1], 'segments', ARGV[8])
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[5])
 redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5])
-if ARGV[10] then
-  redis.call('RPUSH', KEYS[4], ARGV[10])
-  redis.call('HINCRBY', KEYS[1], 'chunk_bytes', string.len(ARGV[10]))
+if ARGV[11] then
+  redis.call('RPUSH', KEYS[4], ARGV[11])
+  redis.call('HINCRBY', KEYS[1], 'chunk_bytes', string.len(ARGV[11]))
 end
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[4], ARGV[5])
-return 1
+unlock()
+return {1, redis.call('HGETALL', KEYS[1]), redis.call('TTL', KEYS[1])}
 """
 
 FINISH_SCRIPT = """
 -- KEYS: meta, result; ARGV: seq it was computed at, result, ttl
+-- Returns {outcome, meta fields, meta ttl}: 1 finished now, 2 already finished, 0 a piece came in between,
+-- -1 session gone.
 local current = redis.call('HGET', KEYS[1], 'seq')
-if not current then return -1 end
-if tonumber(current) ~= tonumber(ARGV[1]) then return 0 end
-if redis.call('HGET', KEYS[1], 'status') == 'finished' then return 2 end
-redis.call('HSET', KEYS[1], 'status', 'finished')
-redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
+if not current then return {-1} end
+if tonumber(current) ~= tonumber(ARGV[1]) then return {0} end
+local outcome = 2
+if redis.call('HGET', KEYS[1], 'status') ~= 'finished' then
+  redis.call('HSET', KEYS[1], 'status', 'finished')
+  redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  outcome = 1
+end
+return {outcome, redis.call('HGETALL', KEYS[1]), redis.call('TTL', KEYS[1])}
 """
 
 RELEASE_SCRIPT = """
@@ -117,8 +150,10 @@ class SessionMeta:
     ttl_seconds: int  # remaining
 
     @classmethod
-    def from_hash(cls, session_id: str, fields: Mapping[bytes, bytes], ttl: int) -> SessionMeta:
-        f = {key.decode(): value.decode() for key, value in fields.items()}
+    def from_hash(cls, session_id: str, fields: Mapping[bytes, bytes] | list[bytes], ttl: int) -> SessionMeta:
+        """From HGETALL's answer: a mapping (redis-py) or the flat list a Lua script returns."""
+        pairs = fields.items() if isinstance(fields, Mapping) else zip(fields[::2], fields[1::2], strict=True)
+        f = {key.decode(): value.decode() for key, value in pairs}
         return cls(
             id=session_id, model=f["model"], task=f["task"], owner=f["owner"], seq=int(f["seq"]),
             created=float(f["created"]), deadline=float(f["deadline"]), consumed=int(f["consumed"]),
@@ -147,6 +182,7 @@ class SessionStore:
         self.redis = store.client
         self.settings = settings
         self.metrics = metrics
+        self._begin = self.redis.register_script(BEGIN_SCRIPT)
         self._commit = self.redis.register_script(COMMIT_SCRIPT)
         self._finish = self.redis.register_script(FINISH_SCRIPT)
         self._release = self.redis.register_script(RELEASE_SCRIPT)
@@ -221,17 +257,6 @@ class SessionStore:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         return meta
 
-    async def touch(self, meta: SessionMeta) -> SessionMeta:
-        """After an applied piece: move the session's idle expiry in the live index and re-read its meta."""
-        keys = self._keys(meta.id)
-        with self.store.unavailable_as_error(), self.metrics.time_redis("touch"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zadd(self._live_key(meta.model), {meta.id: time.time() + self._ttl(meta.deadline)}, xx=True)
-                _, fields, ttl = await pipe.hgetall(keys["meta"]).ttl(keys["meta"]).execute()
-        if not fields:
-            raise SessionNotFound(f"session {meta.id} does not exist or has expired")
-        return SessionMeta.from_hash(meta.id, fields, ttl)
-
     async def live_counts(self, models: list[str]) -> dict[str, int]:
         """Open sessions per model whose idle expiry lies ahead (read-only: pruning happens at create)."""
         now = time.time()
@@ -242,63 +267,107 @@ class SessionStore:
                 counts = await pipe.execute()
         return dict(zip(models, counts, strict=True))
 
-    async def snapshot(self, session_id: str, owner: str) -> tuple[SessionMeta, Arrays, dict[str, Any] | None]:
-        """Meta, state and last result, read together in one transaction."""
+    async def snapshot(
+        self, session_id: str, owner: str, with_chunks: bool = False
+    ) -> tuple[SessionMeta, Arrays, dict[str, Any] | None, list[Arrays]]:
+        """Meta, state, last result (and the appended chunks) read together in one transaction."""
         keys = self._keys(session_id)
         with self.store.unavailable_as_error(), self.metrics.time_redis("snapshot"):
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hgetall(keys["meta"]).ttl(keys["meta"]).get(keys["state"]).get(keys["result"])
-                fields, ttl, blob, result = await pipe.execute()
+                if with_chunks:
+                    pipe.lrange(keys["chunks"], 0, -1)
+                fields, ttl, blob, result, *chunks = await pipe.execute()
         if not fields or blob is None:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         meta = SessionMeta.from_hash(session_id, fields, ttl)
         if meta.owner != owner:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
-        return meta, decode_tensors(blob), (json.loads(result) if result else None)
+        decoded = [decode_tensors(chunk) for chunk in chunks[0]] if chunks else []
+        return meta, decode_tensors(blob), (json.loads(result) if result else None), decoded
 
-    async def chunks(self, session_id: str) -> list[Arrays]:
-        with self.store.unavailable_as_error(), self.metrics.time_redis("chunks"):
-            blobs = await self.redis.lrange(self._keys(session_id)["chunks"], 0, -1)
-        return [decode_tensors(blob) for blob in blobs]
+    async def begin(
+        self, session_id: str, owner: str, seq: int
+    ) -> tuple[SessionMeta, Arrays, dict[str, Any] | None, str | None]:
+        """One round trip: meta, state and last result, plus the session's lock if ``seq`` is the next piece.
 
-    async def acquire(self, session_id: str, seq: int) -> str | None:
-        """A short lock so concurrent copies of one piece wait for one replica instead of all computing it."""
+        The lock token is None when the piece is not the next one (a retry, a gap) or another
+        request holds the lock (it is applying this very piece right now).
+        """
+        keys = self._keys(session_id)
         token = f"{seq}:{secrets.token_hex(8)}"
-        with self.store.unavailable_as_error():
-            ok = await self.redis.set(self._keys(session_id)["lock"], token, nx=True, px=LOCK_MILLISECONDS)
-        return token if ok else None
+        with self.store.unavailable_as_error(), self.metrics.time_redis("begin"):
+            reply = await self._begin(keys=[keys["meta"], keys["state"], keys["result"], keys["lock"]],
+                                      args=[seq, owner, token, LOCK_MILLISECONDS])
+        if not reply or reply[2] is None:
+            raise SessionNotFound(f"session {session_id} does not exist or has expired")
+        fields, ttl, blob, result, locked = reply
+        meta = SessionMeta.from_hash(session_id, fields, int(ttl))
+        if meta.owner != owner:
+            raise SessionNotFound(f"session {session_id} does not exist or has expired")
+        return meta, decode_tensors(blob), (json.loads(result) if result else None), token if locked else None
 
     async def release(self, session_id: str, token: str) -> None:
         with self.store.unavailable_as_error():
             await self._release(keys=[self._keys(session_id)["lock"]], args=[token])
 
-    async def commit(self, meta: SessionMeta, seq: int, piece_sha: str, consumed: Consumed) -> int:
-        """Apply piece ``seq`` if ``meta.seq`` is still current.
+    async def commit(
+        self, meta: SessionMeta, seq: int, piece_sha: str, consumed: Consumed, token: str
+    ) -> tuple[int, SessionMeta | None]:
+        """Apply piece ``seq`` if ``meta.seq`` is still current, release the lock, touch the live index.
 
-        Returns 1 applied, 0 lost the race to another replica, -1 session gone, -2 session finished.
+        One round trip. Returns (outcome, the session's meta after it): 1 applied, 0 lost the race
+        to another replica, -1 session gone, -2 session finished (meta None unless applied).
         """
         keys = self._keys(meta.id)
         state_blob = encode_tensors(consumed.state)
-        chunk_blob = encode_tensors(consumed.chunk) if consumed.chunk else None
         args: list[Any] = [
             meta.seq, seq, state_blob, json.dumps(consumed.result), self._ttl(meta.deadline), piece_sha,
-            consumed.consumed, consumed.segments, len(state_blob),
+            consumed.consumed, consumed.segments, len(state_blob), token,
         ]
-        if chunk_blob is not None:
-            args.append(chunk_blob)
+        if consumed.chunk:
+            args.append(encode_tensors(consumed.chunk))
+        commit_keys = [keys["meta"], keys["state"], keys["result"], keys["chunks"], keys["lock"]]
+        idle_expiry = time.time() + self._ttl(meta.deadline)
         with self.store.unavailable_as_error(), self.metrics.time_redis("commit"):
-            outcome = int(await self._commit(keys=[keys["meta"], keys["state"], keys["result"], keys["chunks"]],
-                                             args=args))
-        return outcome
+            # the live index sits outside the session's hash slot: its own command, in the same round trip
+            reply = await self._script_with(
+                self._commit, commit_keys, args,
+                lambda pipe: pipe.zadd(self._live_key(meta.model), {meta.id: idle_expiry}, xx=True),
+            )
+        outcome = int(reply[0])
+        return outcome, (SessionMeta.from_hash(meta.id, reply[1], int(reply[2])) if outcome == 1 else None)
 
-    async def finish(self, meta: SessionMeta, result: Mapping[str, Any]) -> int:
+    async def finish(self, meta: SessionMeta, result: Mapping[str, Any]) -> tuple[int, SessionMeta | None]:
+        """Mark the session finished with its final result, and drop it from the live index.
+
+        Returns (outcome, its meta after it): 1 finished now, 2 already finished, 0 a piece came in
+        between, -1 session gone (meta None for the last two).
+        """
         keys = self._keys(meta.id)
+        args = [meta.seq, json.dumps(result), self._ttl(meta.deadline)]
         with self.store.unavailable_as_error(), self.metrics.time_redis("finish"):
-            outcome = int(await self._finish(keys=[keys["meta"], keys["result"]],
-                                             args=[meta.seq, json.dumps(result), self._ttl(meta.deadline)]))
+            reply = await self._script_with(self._finish, [keys["meta"], keys["result"]], args, lambda pipe: None)
+            outcome = int(reply[0])
             if outcome == 1:
                 await self.redis.zrem(self._live_key(meta.model), meta.id)
-        return outcome
+        return outcome, (SessionMeta.from_hash(meta.id, reply[1], int(reply[2])) if outcome in (1, 2) else None)
+
+    async def _script_with(self, script: Any, keys: list[str], args: list[Any], also: Callable[[Any], Any]) -> Any:
+        """EVALSHA ``script`` plus the commands ``also`` queues, in one round trip; reloads a script Redis lost."""
+        for attempt in range(2):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                also(pipe)
+                replies = await pipe.execute(raise_on_error=False)
+            if isinstance(replies[0], NoScriptError) and attempt == 0:  # a restarted Redis: load it, go again
+                await self.redis.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies[0]
+        raise AssertionError("unreachable: a script that Redis just loaded is missing again")
 
     async def delete(self, session_id: str, owner: str) -> None:
         meta = await self.meta(session_id, owner)  # 404 for strangers

@@ -59,6 +59,7 @@ class Settings(BaseSettings):
     )
     shutdown_timeout_seconds: float = Field(10.0, ge=0, description="Grace period for in-flight requests.")
     log_level: str = Field("info", description="uvicorn / service log level.")
+    access_log: bool = Field(False, description="Log one line per HTTP request (uvicorn's access log).")
 
     @field_validator("api_keys", mode="before")
     @classmethod

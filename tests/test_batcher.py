@@ -86,3 +86,60 @@ async def test_interleaved_shapes_are_batched_apart_without_comparing_arrays():
         np.testing.assert_allclose(out["y"], x @ backend.weight, rtol=1e-6)
     assert sorted(backend.calls) == [4, 4, 4]
     await batcher.close()
+
+
+class SlowBackend(RecordingBackend):
+    """Takes ``seconds`` per call, like a real model step."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def run(self, inputs):
+        import time
+
+        time.sleep(self.seconds)
+        return super().run(inputs)
+
+
+async def test_a_lone_request_runs_at_once_whatever_the_queue_delay():
+    import time
+
+    batcher = DynamicBatcher(RecordingBackend(), "m", "step", max_batch_size=8, max_queue_delay_seconds=1.0)
+    x = np.ones((1, 2, 3), dtype=np.float32)
+    for _ in range(3):  # one caller at a time: never waits for company
+        started = time.perf_counter()
+        await batcher.submit({"x": x})
+        assert time.perf_counter() - started < 0.2
+    await batcher.close()
+
+
+async def test_arrivals_during_a_running_batch_form_the_next_batch():
+    backend = SlowBackend(0.2)
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=16, max_queue_delay_seconds=0.0)
+    x = np.ones((1, 2, 3), dtype=np.float32)
+    first = asyncio.ensure_future(batcher.submit({"x": x}))
+    await asyncio.sleep(0.05)  # the first step is running: these five queue behind it
+    rest = [asyncio.ensure_future(batcher.submit({"x": x})) for _ in range(5)]
+    await asyncio.gather(first, *rest)
+    assert backend.calls == [1, 5]
+    await batcher.close()
+
+
+async def test_the_queue_delay_waits_only_for_company_the_last_batch_promises():
+    import time
+
+    backend = SlowBackend(0.01)
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=16, max_queue_delay_seconds=0.3)
+    x = np.ones((1, 2, 3), dtype=np.float32)
+    await asyncio.gather(*(batcher.submit({"x": x}) for _ in range(4)))  # a batch of 4
+
+    async def late():
+        await asyncio.sleep(0.05)
+        return await batcher.submit({"x": x})
+
+    started = time.perf_counter()
+    await asyncio.gather(batcher.submit({"x": x}), *(late() for _ in range(3)))
+    assert backend.calls == [4, 4]  # the first waited for the three that the last batch promised
+    assert time.perf_counter() - started < 0.25  # ... and not the whole delay: they came
+    await batcher.close()

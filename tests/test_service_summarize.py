@@ -79,3 +79,54 @@ def test_beam_search_and_empty_documents(client):
     assert beam.status_code == 200 and beam.json()["summary_tokens"] <= 20
     assert client.post("/summarize", json={"text": "   "}).status_code == 422
     assert client.post("/summarize", json={"text": TEXT, "beam_size": 99}).status_code == 422
+
+
+class RecordingBackend:
+    """Wraps a backend and records the rows of every call."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.providers, self.rows = inner, inner.name, inner.providers, []
+
+    def run(self, inputs):
+        self.rows.append(len(inputs["token"]))
+        return self.inner.run(inputs)
+
+
+DOCUMENTS = [
+    TEXT,
+    "The council voted to close the library on Sundays. Residents said the cut would hurt students.",
+    "Rain is expected across the north on Friday, with winds of up to 50mph on the coast. " * 3,
+    "The club signed a striker for a record fee. " + TEXT[:200],
+]
+
+
+async def test_different_documents_share_decode_batches_and_each_equals_its_solo_summary(repository):
+    import asyncio
+
+    from service.runtime.pipeline import run_whole
+    from service.runtime.registry import load_model
+    from service.settings import Settings
+
+    model = load_model(repository[0] / "srformer-tiny" / "1", "onnx", Settings(model_repository=repository[0]))
+    decode = model.batchers["decode_step"]
+    decode.backend = recording = RecordingBackend(decode.backend)
+    options = [{"max_length": 40}, {"max_length": 25}, {"max_length": 33, "beam_size": 3}, {"max_length": 12}]
+    solo = []
+    for text, option in zip(DOCUMENTS, options, strict=True):
+        _, finished = await run_whole(model.pipeline, text, options=option)
+        solo.append(finished.result)
+    assert max(recording.rows) == 3  # alone: one row, or the beams of one document
+    recording.rows.clear()
+
+    async def late(text, option):  # joins a batch that is already decoding
+        await asyncio.sleep(0.05)
+        return await run_whole(model.pipeline, text, options=option)
+
+    pairs = zip(DOCUMENTS[:3], options[:3], strict=True)
+    runs = [run_whole(model.pipeline, text, options=option) for text, option in pairs]
+    together = await asyncio.gather(*runs, late(DOCUMENTS[3], options[3]))
+    assert [finished.result for _, finished in together] == solo
+    assert max(recording.rows) >= 5  # different sources, vocabularies and positions in one step
+    assert len(recording.rows) < sum(r["summary_tokens"] for r in solo)  # far fewer steps than tokens
+    for runner in model.batchers.values():
+        await runner.close()

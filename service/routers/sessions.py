@@ -59,19 +59,12 @@ async def delete_session(session_id: str, flow: FlowDep, owner: OwnerDep) -> Res
 async def add_segment(
     session_id: str, body: SegmentRequest, request: Request, flow: FlowDep, settings: SettingsDep, owner: OwnerDep
 ) -> SegmentResponse:
-    meta = await flow.status(session_id, owner)
-    request.state.model = meta.model
-    kind = flow.model_of(meta).pipeline.input_kind  # "text" or "rows": what this session's model reads
-    piece = body.rows if kind == "rows" else body.text
-    other = body.text if kind == "rows" else body.rows
-    if piece is None or other is not None:
-        wrong = "text" if kind == "rows" else "rows"
-        raise InputError(f"this is a {meta.task} session: send `{kind}`, not `{wrong}`")
-    if kind == "rows":
-        check_rows(piece, settings)  # type: ignore[arg-type]
-    else:
-        check_text(piece, settings)  # type: ignore[arg-type]
-    applied = await flow.apply(session_id, owner, body.seq, piece)
+    if body.rows is not None:
+        check_rows(body.rows, settings)
+    if body.text is not None:
+        check_text(body.text, settings)
+    applied = await flow.apply(session_id, owner, body.seq, body.text, body.rows,
+                               note_model=lambda ref: setattr(request.state, "model", ref))
     return SegmentResponse(session=info(applied.meta), replayed=applied.replayed, result=applied.result)
 
 
@@ -86,5 +79,4 @@ async def finish_session(
     request.state.model = meta.model
     if finished.tokens is not None:
         return EventSourceResponse(summary_events(finished, meta.model))
-    fresh = await flow.status(session_id, owner)
-    return FinishResponse(session=info(fresh), result=finished.result)
+    return FinishResponse(session=info(meta), result=finished.result)

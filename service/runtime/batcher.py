@@ -1,12 +1,22 @@
-"""Dynamic batching of steps, knowing nothing about the model family.
+"""Continuous batching of graph steps, knowing nothing about the model family.
 
 Concurrent calls to :meth:`DynamicBatcher.submit` — from one-shot requests
 and from different sessions — are stacked along axis 0 into one call of the
-backend, up to ``max_batch_size`` rows within ``max_queue_delay`` of the
-first, then split back. Only calls whose inputs agree on every non-batch
-axis and dtype are stacked together (a chunk of 5 rows and one of 9 go in
-separate calls). The backend runs on a worker thread: the event loop never
-blocks on model execution.
+backend and split back. The worker never waits on an idle queue:
+
+- when the worker is idle, a step runs at once (a lone request pays no delay);
+- while a batch runs, arrivals queue up, and the next batch is everything
+  compatible that is queued when the worker comes free (continuous batching);
+- ``max_queue_delay`` only bounds waiting *for company that is expected*: when
+  fewer rows are queued than the previous batch had, the worker waits at most
+  that long for the rest (the callers of the last batch usually come back
+  together), never when the previous batch was as small as this one.
+
+Only calls whose inputs agree on every non-batch axis and dtype are stacked
+(a chunk of 5 rows and one of 9 go in separate calls); graphs whose inputs
+differ in length use :mod:`service.runtime.decode_loop` instead, which pads
+and masks. The backend runs on a worker thread: the event loop never blocks
+on model execution.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ def signature(inputs: Mapping[str, np.ndarray]) -> Signature:
 class _Pending:
     inputs: dict[str, np.ndarray]
     rows: int
+    key: Signature
     future: asyncio.Future[dict[str, np.ndarray]]
     enqueued: float = field(default_factory=time.perf_counter)
 
@@ -57,6 +68,7 @@ class DynamicBatcher:
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{model}-{graph}")
         self._worker: asyncio.Task[None] | None = None
+        self._last_rows = 0  # rows of the previous batch: how much company to expect
 
     async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one step (batch axis 0, usually of size 1) as part of a batch; returns its own rows."""
@@ -66,7 +78,7 @@ class DynamicBatcher:
         rows = {array.shape[0] for array in arrays.values()}
         if len(rows) != 1:
             raise ValueError(f"inputs disagree on the batch axis: { {k: v.shape for k, v in arrays.items()} }")
-        pending = _Pending(arrays, rows.pop(), asyncio.get_running_loop().create_future())
+        pending = _Pending(arrays, rows.pop(), signature(arrays), asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._wakeup.set()
         return await pending.future
@@ -88,35 +100,42 @@ class DynamicBatcher:
                 continue
             batch: list[_Pending] = []
             try:
-                await self._collect(batch)
+                await self._wait_for_expected_company()
+                self._take(batch)
                 await self._execute(batch)
             except Exception as error:  # a fault here must fail its callers, never strand them
                 for pending in batch:
                     if not pending.future.done():
                         pending.future.set_exception(error)
 
-    async def _collect(self, batch: list[_Pending]) -> None:
-        """Fill ``batch``: the oldest pending call plus every compatible one arriving within the queue delay."""
-        first = self._queue.popleft()
-        batch.append(first)
-        rows, key = first.rows, signature(first.inputs)
-        deadline = first.enqueued + self.max_queue_delay
-        while rows < self.max_batch_size:
-            for pending in list(self._queue):
-                if rows + pending.rows > self.max_batch_size:
-                    continue
-                if signature(pending.inputs) == key:
-                    self._queue.remove(pending)
-                    batch.append(pending)
-                    rows += pending.rows
+    async def _wait_for_expected_company(self) -> None:
+        """Wait, at most ``max_queue_delay`` after the oldest arrival, while fewer rows are queued than last time."""
+        wanted = min(self._last_rows, self.max_batch_size)
+        if self.max_queue_delay <= 0:
+            return
+        deadline = self._queue[0].enqueued + self.max_queue_delay
+        while sum(p.rows for p in self._queue) < wanted:
             remaining = deadline - time.perf_counter()
-            if rows >= self.max_batch_size or remaining <= 0:
-                break
+            if remaining <= 0:
+                return
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
             except TimeoutError:
-                pass
+                return
+
+    def _take(self, batch: list[_Pending]) -> None:
+        """Fill ``batch``: the oldest pending call plus every queued call of the same shapes, up to the limit."""
+        first = self._queue.popleft()
+        batch.append(first)
+        rows = first.rows
+        for pending in list(self._queue):
+            if rows >= self.max_batch_size:
+                break
+            if pending.key == first.key and rows + pending.rows <= self.max_batch_size:
+                self._queue.remove(pending)
+                batch.append(pending)
+                rows += pending.rows
 
     async def _execute(self, batch: list[_Pending]) -> None:
         live = [pending for pending in batch if not pending.future.done()]  # a cancelled caller is skipped
@@ -124,6 +143,8 @@ class DynamicBatcher:
             return
         started = time.perf_counter()
         stacked = {name: np.concatenate([p.inputs[name] for p in live], axis=0) for name in live[0].inputs}
+        rows = sum(p.rows for p in live)
+        self._last_rows = rows
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, stacked)
         except Exception as error:  # the whole batch failed: every caller learns why
@@ -133,12 +154,8 @@ class DynamicBatcher:
             return
         finished = time.perf_counter()
         if self.metrics is not None:
-            self.metrics.batch_size.labels(model=self.model).observe(sum(p.rows for p in live))
-            self.metrics.step_seconds.labels(model=self.model, backend=self.backend.name, graph=self.graph).observe(
-                finished - started
-            )
-            for pending in live:
-                self.metrics.queue_seconds.labels(model=self.model).observe(started - pending.enqueued)
+            self.metrics.observe_batch(self.model, self.backend.name, self.graph, rows, finished - started,
+                                       [started - pending.enqueued for pending in live])
         offset = 0
         for pending in live:
             part = {name: value[offset : offset + pending.rows] for name, value in outputs.items()}

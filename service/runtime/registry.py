@@ -2,8 +2,8 @@
 
 ``<repository>/<name>/<version>/manifest.json`` marks an entry. Each loaded
 model gets a backend per graph (ONNX Runtime, TorchScript or eager PyTorch,
-per model from the settings), a dynamic batcher per graph, and the pipeline
-of its task.
+per model from the settings), a continuous batcher per graph (a decode loop
+for autoregressive decode graphs), and the pipeline of its task.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from service.metrics import ServiceMetrics
 from service.runtime.backends import load_backends
 from service.runtime.batcher import DynamicBatcher
+from service.runtime.decode_loop import DecodeLoop
 from service.runtime.pipeline import Pipeline
 from service.settings import Settings
 
@@ -45,7 +46,7 @@ class LoadedModel:
     manifest: dict[str, Any]
     backend: str
     providers: list[str]
-    batchers: dict[str, DynamicBatcher]
+    batchers: dict[str, DynamicBatcher | DecodeLoop]  # per graph
     pipeline: Pipeline
 
     @property
@@ -84,22 +85,27 @@ def load_model(
     manifest = json.loads((entry / "manifest.json").read_text())
     name, version = name or manifest["name"], version or manifest["version"]
     backends = load_backends(entry, manifest, backend, settings.intra_op_threads)
-    batchers = {
-        graph: DynamicBatcher(
-            runner,
-            f"{name}:{version}",
-            graph,
-            settings.max_batch_size,
-            settings.max_queue_delay_ms / 1000,
-            metrics,
-        )
-        for graph, runner in backends.items()
-    }
+    runners: dict[str, DynamicBatcher | DecodeLoop] = {}
+    for graph in manifest["graphs"]:
+        runner, ref = backends[graph["name"]], f"{name}:{version}"
+        if is_decode_graph(graph):  # autoregressive: searches of many documents share every step
+            runners[graph["name"]] = DecodeLoop(runner, ref, graph, settings.max_batch_size, metrics)
+        else:
+            runners[graph["name"]] = DynamicBatcher(
+                runner, ref, graph["name"], settings.max_batch_size, settings.max_queue_delay_ms / 1000, metrics
+            )
     module_name, class_name = PIPELINES[manifest["task"]].split(":")
     pipeline_class = getattr(importlib.import_module(module_name), class_name)
-    pipeline = pipeline_class(manifest, entry, batchers)
+    pipeline = pipeline_class(manifest, entry, runners)
     providers = sorted({p for runner in backends.values() for p in runner.providers})
-    return LoadedModel(name, version, entry, manifest, backend, providers, batchers, pipeline)
+    return LoadedModel(name, version, entry, manifest, backend, providers, runners, pipeline)
+
+
+def is_decode_graph(graph: Mapping[str, Any]) -> bool:
+    """A graph stepped token by token whose rows may differ in length (see :mod:`service.runtime.decode_loop`)."""
+    return bool(graph.get("axis_masks")) and bool(graph.get("state_outputs")) and any(
+        spec["name"] == "logp" for spec in graph["outputs"]
+    )
 
 
 class ModelRegistry:

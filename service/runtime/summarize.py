@@ -21,7 +21,8 @@ from tokenizers import Tokenizer
 
 from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
-from service.runtime.decoding import Cache, beam_search, greedy, repeat_rows
+from service.runtime.decode_loop import DecodeLoop
+from service.runtime.decoding import BeamSearch, GreedySearch, Search, TokenCallback
 from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
 
 
@@ -29,12 +30,12 @@ class SummarizePipeline:
     task = "summarize"
     input_kind = "text"
 
-    def __init__(self, manifest: Mapping[str, Any], entry: Path, graphs: Mapping[str, DynamicBatcher]) -> None:
+    def __init__(self, manifest: Mapping[str, Any], entry: Path,
+                 graphs: Mapping[str, DynamicBatcher | DecodeLoop]) -> None:
         self.manifest = manifest
         self.settings = s = manifest["settings"]
         self.encode, self.decode = graphs["encode_window"], graphs["decode_step"]
-        decode_graph = next(g for g in manifest["graphs"] if g["name"] == "decode_step")
-        self.cache_outputs = dict(decode_graph["state_outputs"])  # cache input name -> output name
+        assert isinstance(self.encode, DynamicBatcher) and isinstance(self.decode, DecodeLoop)
         self.layers, self.heads, self.head_dim = int(s["n_layer"]), int(s["n_head"]), int(s["head_dim"])
         self.tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
         self.cutter = SegmentCutter(
@@ -95,7 +96,7 @@ class SummarizePipeline:
         limit = self._limit(source_ids.shape[1], options.get("max_length"))
         result: dict[str, Any] = {"summary": "", "tokens": int(source_ids.shape[1]), "summary_tokens": 0}
 
-        async def run(on_token: Callable[[list[int]], Awaitable[None]] | None = None) -> list[int]:
+        async def run(on_token: TokenCallback | None = None) -> list[int]:
             ids = await self._search(memory, source_ids, limit, beams, on_token)
             result.update(summary=self.tokenizer.decode(ids), summary_tokens=len(ids))
             return ids
@@ -110,7 +111,7 @@ class SummarizePipeline:
         queue: asyncio.Queue[str | None] = asyncio.Queue()
         sent = ""
 
-        async def on_token(ids: list[int]) -> None:
+        def on_token(ids: list[int]) -> None:
             nonlocal sent
             text = self.tokenizer.decode(ids)
             if text.startswith(sent) and len(text) > len(sent):  # WordPiece may rewrite the last word's end
@@ -119,8 +120,12 @@ class SummarizePipeline:
 
         task = asyncio.create_task(run(on_token if beams == 1 else None))
         task.add_done_callback(lambda _: queue.put_nowait(None))
-        while (delta := await queue.get()) is not None:
-            yield delta
+        try:
+            while (delta := await queue.get()) is not None:
+                yield delta
+        finally:  # the client left (the generator is closed early): stop generating at the next step
+            if not task.done():
+                task.cancel()
         ids = await task  # re-raises a failed search
         text = self.tokenizer.decode(ids)
         if text.startswith(sent) and len(text) > len(sent):
@@ -148,29 +153,26 @@ class SummarizePipeline:
         return vocab_ids, np.searchsorted(vocab_ids, source_ids[0]).astype(np.int64)
 
     async def _search(
-        self, memory: Arrays, source_ids: np.ndarray, limit: int, beams: int,
-        on_token: Callable[[list[int]], Awaitable[None]] | None,
+        self, memory: Arrays, source_ids: np.ndarray, limit: int, beams: int, on_token: TokenCallback | None,
     ) -> list[int]:
         vocab_ids, src_index = self._vocabulary(source_ids)
-        rows = beams
         fixed = repeat_rows({
             "mask": np.ones_like(source_ids, dtype=bool), "vocab_ids": vocab_ids[None],
             "vocab_mask": np.ones((1, len(vocab_ids)), dtype=bool), "src_index": src_index[None], **memory,
-        }, rows)
-        cache: Cache = {"prev": np.full(rows, -1, dtype=np.int64), "last": np.full(rows, -1, dtype=np.int64)}
+        }, beams)
+        state: Arrays = {"prev": np.full(beams, -1, dtype=np.int64), "last": np.full(beams, -1, dtype=np.int64),
+                         "self_mask": np.zeros((beams, 0), dtype=bool)}
         for layer in range(self.layers):
-            empty = np.zeros((rows, self.heads, 0, self.head_dim), dtype=np.float32)
-            square = np.zeros((rows, self.heads, self.head_dim, self.head_dim), dtype=np.float32)
-            cache |= {f"self_k{layer}": empty, f"self_v{layer}": empty,
+            empty = np.zeros((beams, self.heads, 0, self.head_dim), dtype=np.float32)
+            square = np.zeros((beams, self.heads, self.head_dim, self.head_dim), dtype=np.float32)
+            state |= {f"self_k{layer}": empty, f"self_v{layer}": empty,
                       f"membrane{layer}": square, f"raf_out{layer}": square}
-
-        async def step(tokens: np.ndarray, t: int, cache: Cache) -> tuple[np.ndarray, Cache]:
-            inputs = {"token": tokens, "t": np.full(len(tokens), t, dtype=np.int64), **fixed, **cache}
-            out = await self.decode.submit(inputs)
-            return out["logp"], {name: out[output] for name, output in self.cache_outputs.items()}
-
         s = self.settings
         bos, eos, no_repeat = int(s["bos_id"]), int(s["eos_id"]), int(s["no_repeat_ngram"])
-        if beams == 1:
-            return await greedy(step, cache, bos, eos, vocab_ids, limit, no_repeat, on_token)
-        return await beam_search(step, cache, bos, eos, vocab_ids, limit, no_repeat, beams)
+        search: Search = (GreedySearch(bos, eos, vocab_ids, limit, no_repeat, on_token) if beams == 1
+                          else BeamSearch(bos, eos, vocab_ids, limit, no_repeat, beams))
+        return await self.decode.generate(search, fixed, state)
+
+
+def repeat_rows(arrays: Mapping[str, np.ndarray], rows: int) -> Arrays:
+    return {name: np.repeat(np.asarray(value), rows, axis=0) for name, value in arrays.items()}
