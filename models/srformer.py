@@ -66,6 +66,16 @@ MODES = ("full", "segmented", "srformer")
 NEG = -1e30  # additive mask value (finite: a fully masked row stays finite)
 
 
+def neg(dtype: torch.dtype) -> float:
+    """NEG where ``dtype`` holds it (fp32, bf16), else its most negative finite value (fp16: -65504)."""
+    return max(NEG, torch.finfo(dtype).min)
+
+
+def tiny(dtype: torch.dtype, eps: float) -> float:
+    """``eps`` where ``dtype`` resolves it, else its smallest normal value (1e-12 is 0 in fp16)."""
+    return max(eps, torch.finfo(dtype).tiny)
+
+
 @dataclass
 class SRformerConfig:
     cross_attention: str = "srformer"  # "full" | "segmented" | "srformer"
@@ -213,7 +223,7 @@ class CrossAttention(nn.Module):
         att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, T, k) Eq. (3)/(4)
         if self.match is not None:  # a score bias, segmented with its keys like App. A.3's b_Si
             att = att + torch.einsum("hc,bctk->bhtk", self.match, match)
-        att = att.masked_fill(~allow[:, None], NEG).softmax(dim=-1)
+        att = att.masked_fill(~allow[:, None], neg(att.dtype)).softmax(dim=-1)
         out = att @ V  # (B, h, T, dh) Eq. (5)/(6)
         if self.mode == "srformer":
             o_r = self._recurrent(Q, mem, seg)
@@ -249,7 +259,7 @@ class CrossAttention(nn.Module):
         blocks = torch.zeros(B, h, R * L, dh, dtype=Q.dtype, device=Q.device).scatter(2, flat, Q)
         o_r = blocks.view(B, h, R, L, dh) @ raf_out  # (B, h, R, L, dh)
         o_r = o_r.view(B, h, R * L, dh).gather(2, flat)  # (B, h, T, dh)
-        norm_k = mem["ksq"].clamp(min=1e-12).sqrt()[:, :, None, None]  # (B, h, 1, 1)
+        norm_k = mem["ksq"].clamp(min=tiny(Q.dtype, 1e-12)).sqrt()[:, :, None, None]  # (B, h, 1, 1)
         return o_r / norm_k  # Eq. (13)
 
     # -- incremental, one step (Algorithm 1) -------------------------------------------
@@ -270,7 +280,7 @@ class CrossAttention(nn.Module):
             att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, k) Eq. (3)
             if self.match is not None:
                 att = att + torch.einsum("hc,bck->bhk", self.match, context)[:, :, None]
-            att = att.masked_fill(~mask[:, None, None, :], NEG).softmax(dim=-1)
+            att = att.masked_fill(~mask[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
             out = att @ V  # (B, h, 1, dh) Eq. (5)
             pos = torch.arange(k, device=x.device).expand(B, k)
             return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos
@@ -285,7 +295,7 @@ class CrossAttention(nn.Module):
         if self.match is not None:  # b_Si: the bias of the segment's positions only
             seg_context = context.gather(2, pos.clamp(max=k - 1)[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
             att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]
-        att = att.masked_fill(~valid[:, None, None, :], NEG).softmax(dim=-1)
+        att = att.masked_fill(~valid[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
         out = att @ Vs  # (B, h, 1, dh) Eq. (6): O_S
         if self.mode == "srformer":
             assert self.raf is not None
@@ -297,7 +307,7 @@ class CrossAttention(nn.Module):
                 new_out, new_membrane = self.raf(P, membrane)
                 raf_out = torch.where(changed, new_out, raf_out)
                 membrane = torch.where(changed, new_membrane, membrane)
-            norm_k = mem["ksq"].clamp(min=1e-12).sqrt()[:, :, None, None]  # (B, h, 1, 1)
+            norm_k = mem["ksq"].clamp(min=tiny(Q.dtype, 1e-12)).sqrt()[:, :, None, None]  # (B, h, 1, 1)
             o_r = (Q @ raf_out) / norm_k  # Eq. (13)
             out = out + (o_r if self.gate is None else self.gate * o_r)  # Eq. (11)
         return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos.clamp(max=k - 1)
@@ -318,7 +328,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.dh).permute(2, 0, 3, 1, 4)  # (B, h, T, dh)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, T, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~causal, NEG).softmax(dim=-1)
+        att = att.masked_fill(~causal, neg(att.dtype)).softmax(dim=-1)
         return self.proj((att @ v).transpose(1, 2).reshape(B, T, d))
 
     def step(self, x: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, valid: torch.Tensor
@@ -333,7 +343,7 @@ class SelfAttention(nn.Module):
         cache_k = torch.cat([cache_k, k], dim=2)
         cache_v = torch.cat([cache_v, v], dim=2)
         att = (q @ cache_k.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, t+1)
-        att = att.masked_fill(~valid[:, None, None, :], NEG).softmax(dim=-1)
+        att = att.masked_fill(~valid[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
         return self.proj((att @ cache_v).reshape(B, d)), cache_k, cache_v
 
 
@@ -467,14 +477,15 @@ class SRformer(nn.Module):
         x = self.ln_f(x)
         h = self.embed_out(x)  # (B, T, E)
         w = self.wte[vocab_ids]  # (B, V, E) tied output embeddings
-        logits = h @ w.transpose(1, 2) + self.out_bias[vocab_ids][:, None, :]  # (B, T, V)
+        # float32 from here on whatever the weights' precision: NEG and 1e-30 below need its range
+        logits = (h @ w.transpose(1, 2) + self.out_bias[vocab_ids][:, None, :]).float()  # (B, T, V)
         logits = logits.masked_fill(~vocab_mask[:, None, :], NEG)
         if self.copy_gate is None:
             return logits.log_softmax(dim=-1)
         B, T, V = logits.shape
-        gate = torch.sigmoid(self.copy_gate(x))  # (B, T, 1)
+        gate = torch.sigmoid(self.copy_gate(x)).float()  # (B, T, 1)
         cols = src_index.gather(1, pos)[:, None, :].expand(B, T, pos.shape[1])  # (B, T, n)
-        p_copy = torch.zeros_like(logits).scatter_add(2, cols, att.mean(dim=1))  # (B, T, V)
+        p_copy = torch.zeros_like(logits).scatter_add(2, cols, att.float().mean(dim=1))  # (B, T, V)
         p = gate * logits.softmax(dim=-1) + (1 - gate) * p_copy
         return p.clamp_min(1e-30).log().masked_fill(~vocab_mask[:, None, :], NEG)
 
@@ -498,7 +509,7 @@ class SRformer(nn.Module):
         x = self.drop(x if self.ln_e is None else self.ln_e(x))
         prev1, prev2 = self._source_context(vocab_ids, src_index)  # (B, k)
         last2 = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], dim=1)  # (B, T)
-        match = continuation(prev1, prev2, tokens, last2)  # (B, 2, T, k)
+        match = continuation(prev1, prev2, tokens, last2, x.dtype)  # (B, 2, T, k)
         for block, mem in zip(self.blocks, memory, strict=True):
             x, att = block(x, mem, mask, seg, match)
         pos = torch.arange(mask.shape[1], device=tokens.device).expand(B, -1)
@@ -533,7 +544,7 @@ class SRformer(nn.Module):
         self_valid = torch.cat([cache["self_mask"], torch.ones_like(token, dtype=torch.bool)[:, None]], dim=1)
         new: State = {"prev": seg, "last": token, "self_mask": self_valid}
         prev1, prev2 = self._source_context(vocab_ids, src_index)
-        context = continuation(prev1, prev2, token[:, None], cache["last"][:, None])[:, :, 0]  # (B, 2, k)
+        context = continuation(prev1, prev2, token[:, None], cache["last"][:, None], x.dtype)[:, :, 0]  # (B, 2, k)
         names = ("self_k", "self_v", "membrane", "raf_out")  # per-layer cache entries, suffixed by the layer
         for layer, (block, mem) in enumerate(zip(self.blocks, memory, strict=True)):
             x, block_cache, att, pos = block.step(x, {n: cache[f"{n}{layer}"] for n in names}, mem, mask, seg,
@@ -660,13 +671,14 @@ class SRformer(nn.Module):
         return max(finished, key=lambda f: f[0])[1] if finished else seqs[0]
 
 
-def continuation(prev1: torch.Tensor, prev2: torch.Tensor, last1: torch.Tensor, last2: torch.Tensor
-                 ) -> torch.Tensor:
+def continuation(prev1: torch.Tensor, prev2: torch.Tensor, last1: torch.Tensor, last2: torch.Tensor,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Copy-continuation indicators (B, 2, T, k): source j follows the summary's last token
-    (prev1[j] == last1[t]) and its last two tokens (also prev2[j] == last2[t])."""
+    (prev1[j] == last1[t]) and its last two tokens (also prev2[j] == last2[t]); in ``dtype``, the
+    decoder's (a float32 bias added to fp16 scores was the fp16 ``decode_step`` failure)."""
     one = prev1[:, None, :] == last1[:, :, None]  # (B, T, k)
     two = one & (prev2[:, None, :] == last2[:, :, None])
-    return torch.stack([one, two], dim=1).to(torch.float32)
+    return torch.stack([one, two], dim=1).to(dtype)
 
 
 def _banned_ids(seq: list[int], n: int) -> list[int]:

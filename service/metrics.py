@@ -1,14 +1,20 @@
 """Prometheus metrics, one registry per app instance.
 
 Names follow Prometheus conventions: ``rtserve_`` prefix, base units in the
-name, counters end in ``_total``. GPU metrics come from NVML and are absent —
-not zero — where NVML sees no GPU.
+name, counters end in ``_total``. GPU metrics (and the energy per model,
+:class:`EnergyMeter`) come from NVML and are absent — not zero — where NVML
+sees no GPU.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -43,6 +49,11 @@ class GpuCollector(Collector):
     def available(self) -> bool:
         return self._nvml is not None
 
+    @property
+    def nvml(self) -> Any:
+        """The initialised NVML module, or None."""
+        return self._nvml
+
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         if self._nvml is None:
             return
@@ -66,6 +77,123 @@ class GpuCollector(Collector):
             utilisation.add_metric(label, nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
             memory.add_metric(label, float(nvml.nvmlDeviceGetMemoryInfo(handle).used))
         yield from (power, energy, utilisation, memory)
+
+
+@dataclass(eq=False)  # identity: a running batch is removed by itself, never by equal fields
+class _RunningBatch:
+    device: str
+    model: str
+    rows: int
+
+
+class EnergyMeter:
+    """Joules per model from NVML's energy counter, charged to the batches that ran while it counted.
+
+    The batcher brackets each batch with :meth:`begin` and :meth:`end` (or :meth:`batch`). At every
+    begin and end on a GPU, the energy the GPU drew since the previous such event is split among the
+    batches then running on it, in proportion to their rows: models sharing a GPU each get their
+    share and nothing is counted twice. Energy drawn while none of the service's batches runs (idle,
+    other processes) is charged to no model. NVML refreshes its counter every few milliseconds, so
+    a single short batch's figure is coarse; the totals over many batches are what to read.
+
+    Without NVML, on the CPU, or on a GPU without an energy counter (pre-Volta, MIG), nothing is
+    charged and ``rtserve_energy_joules_total`` is absent, not zero.
+    """
+
+    def __init__(self, nvml: Any = None, registry: CollectorRegistry | None = None) -> None:
+        self._nvml = nvml
+        self._joules = None
+        if nvml is not None:
+            self._joules = Counter(
+                "rtserve_energy_joules",
+                "GPU energy drawn while the model's batches ran (NVML), split among concurrent batches by rows.",
+                ["model"], registry=registry,
+            )
+        self._lock = threading.Lock()
+        self._handles: dict[str, Any] = {}  # "cuda:N" -> NVML handle, or None where there is no counter
+        self._last: dict[str, float] = {}  # "cuda:N" -> the last reading, mJ
+        self._running: dict[str, list[_RunningBatch]] = {}
+
+    @property
+    def available(self) -> bool:
+        return self._joules is not None
+
+    def begin(self, device: str, model: str, rows: int) -> _RunningBatch | None:
+        """Before a batch of ``rows`` rows of ``model`` runs on ``device``; pass the answer to :meth:`end`."""
+        if self._joules is None or not device.startswith("cuda"):
+            return None
+        with self._lock:
+            if not self._settle(device):
+                return None
+            batch = _RunningBatch(device, model, rows)
+            self._running.setdefault(device, []).append(batch)
+            return batch
+
+    def end(self, batch: _RunningBatch | None) -> None:
+        """After the batch ran (or failed): its share of the energy since the last event is charged."""
+        if batch is None:
+            return
+        with self._lock:
+            self._settle(batch.device)
+            self._running[batch.device].remove(batch)
+
+    @contextmanager
+    def batch(self, device: str, model: str, rows: int) -> Iterator[None]:
+        """``with meter.batch(backend.device, model, rows): <run the batch>`` — begin and end around it."""
+        running = self.begin(device, model, rows)
+        try:
+            yield
+        finally:
+            self.end(running)
+
+    def joules(self, model: str) -> float:
+        """What ``model`` has been charged so far (0 where nothing was)."""
+        if self._joules is None:
+            return 0.0
+        return float(self._joules.labels(model=model)._value.get())
+
+    def _settle(self, device: str) -> bool:
+        """Charge the energy since the last reading on ``device`` to the batches running there."""
+        reading = self._read(device)
+        if reading is None:
+            return False
+        last, self._last[device] = self._last.get(device), reading
+        running = self._running.get(device)
+        if last is None or not running:
+            return True
+        joules = max(reading - last, 0.0) / 1000.0  # mJ -> J; a driver reload restarts the counter
+        rows = sum(batch.rows for batch in running) or len(running)
+        for batch in running:
+            self._joules.labels(model=batch.model).inc(joules * (batch.rows or 1) / rows)  # type: ignore[union-attr]
+        return True
+
+    def _read(self, device: str) -> float | None:
+        """The energy counter of ``device`` in mJ, or None where it has none."""
+        nvml = self._nvml
+        if device not in self._handles:
+            try:
+                handle = self._handle(device)
+                nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+            except Exception as error:  # no such GPU, or no energy counter on it
+                log.info("no NVML energy counter for %s, energy per model not counted there: %s", device, error)
+                handle = None
+            self._handles[device] = handle
+        handle = self._handles[device]
+        if handle is None:
+            return None
+        return float(nvml.nvmlDeviceGetTotalEnergyConsumption(handle))
+
+    def _handle(self, device: str) -> Any:
+        """NVML's handle of CUDA device ``cuda:N``, through ``CUDA_VISIBLE_DEVICES`` where it is set
+        (indices are NVML's, i.e. PCI bus order: set ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; or GPU UUIDs)."""
+        index = int(device.partition(":")[2] or 0)
+        visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+        if index < len(visible):
+            entry = visible[index]
+            if not entry.isdigit():
+                return self._nvml.nvmlDeviceGetHandleByUUID(entry)
+            index = int(entry)
+        return self._nvml.nvmlDeviceGetHandleByIndex(index)
 
 
 class ServiceMetrics:
@@ -113,6 +241,7 @@ class ServiceMetrics:
         self.gpu = GpuCollector() if collect_gpu else None
         if self.gpu is not None and self.gpu.available:
             r.register(self.gpu)
+        self.energy = EnergyMeter(self.gpu.nvml if self.gpu is not None else None, r)
 
     def observe_batch(
         self, model: str, backend: str, graph: str, rows: int, seconds: float, queued: list[float]
@@ -126,3 +255,10 @@ class ServiceMetrics:
     def time_redis(self, operation: str) -> object:
         """Context manager timing one Redis operation."""
         return self.redis_seconds.labels(operation=operation).time()
+
+
+def metered(metrics: ServiceMetrics | None, backend: Any, model: str, rows: int) -> AbstractContextManager[None]:
+    """``with metered(...): <run one batch of rows>`` — charges its GPU energy to ``model`` (nothing on a CPU)."""
+    if metrics is None:
+        return nullcontext()
+    return metrics.energy.batch(getattr(backend, "device", "cpu"), model, rows)

@@ -135,5 +135,12 @@ class ModelInfo(BaseModel):
     task: Task = Field(examples=["forecast"])
     family: str = Field(examples=["rsa"])
     backend: str = Field(description="onnx, torchscript or torch.", examples=["onnx"])
-    providers: list[str] = Field(description="Execution providers in use.", examples=[["CPUExecutionProvider"]])
+    device: str = Field(description="Where the model runs: cpu or cuda:N.", examples=["cpu"])
+    precision: str = Field(description="fp32, fp16 or bf16.", examples=["fp32"])
+    providers: list[str] = Field(
+        description="Execution providers the model's sessions actually use (ONNX Runtime's, in order of "
+        "preference; CPU or CUDA for torch backends).",
+        examples=[["CPUExecutionProvider"]],
+    )
+    max_batch_size: int = Field(description="Largest batch the batcher forms for this model.", examples=[32])
     manifest: dict[str, Any] = Field(description="The entry's manifest.json.")

@@ -14,6 +14,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.runtime.devices import check_device, check_precision
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RTSERVE_", env_file=None, extra="ignore")
@@ -43,8 +45,20 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Accepted API keys (JSON list or comma-separated). Empty: no authentication.",
     )
-    max_batch_size: int = Field(32, ge=1, description="Largest batch the dynamic batcher forms per model.")
-    max_queue_delay_ms: float = Field(5.0, ge=0, description="How long the batcher waits to fill a batch.")
+    max_batch_size: int = Field(
+        32, ge=1, description="Largest batch the dynamic batcher forms per model graph on the CPU."
+    )
+    max_batch_size_cuda: int = Field(
+        256, ge=1, description="Largest batch per model graph on a CUDA device (a GPU wants far larger batches)."
+    )
+    model_max_batch_sizes: dict[str, int] = Field(
+        default_factory=dict,
+        description='Largest batch per model name as JSON, overriding both defaults, e.g. {"srformer-news": 64}.',
+    )
+    max_queue_delay_ms: float = Field(
+        5.0, ge=0, description="Longest wait for company the last batch promised (fewer rows queued than it had); "
+        "a lone request never waits.",
+    )
     backend: str = Field("onnx", description="Default backend: onnx, torchscript or torch.")
     intra_op_threads: int = Field(
         0, ge=0, description="Threads per model graph on the CPU (ONNX Runtime intra-op; torch). 0: runtime default."
@@ -52,6 +66,23 @@ class Settings(BaseSettings):
     model_backends: dict[str, str] = Field(
         default_factory=dict,
         description='Backend per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "torch"}.',
+    )
+    device: str = Field(
+        "auto",
+        description="Default device: auto (cuda:0 where the model's backend sees a GPU, else cpu), cpu, cuda or "
+        "cuda:N. A CUDA device that is not there fails startup.",
+    )
+    model_devices: dict[str, str] = Field(
+        default_factory=dict,
+        description='Device per model name as JSON, overriding the default, e.g. {"rsa-etth1-h24": "cpu"}.',
+    )
+    precision: str = Field(
+        "fp32",
+        description="Default precision: fp32, fp16 (onnx, torch backends) or bf16 (torch backend).",
+    )
+    model_precisions: dict[str, str] = Field(
+        default_factory=dict,
+        description='Precision per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "bf16"}.',
     )
     default_models: dict[str, str] = Field(
         default_factory=dict,
@@ -70,6 +101,47 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [key.strip() for key in text.split(",") if key.strip()]
         return value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        return check_device(value)
+
+    @field_validator("model_devices")
+    @classmethod
+    def _check_model_devices(cls, value: dict[str, str]) -> dict[str, str]:
+        return {name: check_device(device) for name, device in value.items()}
+
+    @field_validator("precision")
+    @classmethod
+    def _check_precision(cls, value: str) -> str:
+        return check_precision(value)
+
+    @field_validator("model_precisions")
+    @classmethod
+    def _check_model_precisions(cls, value: dict[str, str]) -> dict[str, str]:
+        return {name: check_precision(precision) for name, precision in value.items()}
+
+    @field_validator("model_max_batch_sizes")
+    @classmethod
+    def _check_batch_sizes(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, size in value.items():
+            if size < 1:
+                raise ValueError(f"batch size {size} for model {name!r} must be at least 1")
+        return value
+
+    def device_for(self, model: str) -> str:
+        """The device setting of ``model`` (auto, cpu, cuda, cuda:N), before resolution."""
+        return self.model_devices.get(model, self.device)
+
+    def precision_for(self, model: str) -> str:
+        return self.model_precisions.get(model, self.precision)
+
+    def batch_size_for(self, model: str, device: str) -> int:
+        """Largest batch of ``model`` on its resolved ``device`` ("cpu" or "cuda:N")."""
+        if model in self.model_max_batch_sizes:
+            return self.model_max_batch_sizes[model]
+        return self.max_batch_size_cuda if device.startswith("cuda") else self.max_batch_size
 
 
 @lru_cache

@@ -90,3 +90,38 @@ def test_empty_and_oversized_text_are_refused(client, repository, redis_url, key
     with make_client(repository[0], redis_url, key_prefix, max_text_chars=100) as small:
         response = small.post("/classify", json={"text": "word " * 50})
         assert response.status_code == 422 and "limit is 100" in response.json()["detail"]
+
+
+async def test_documents_of_different_lengths_share_segment_batches(repository):
+    """Every segment is padded to the segment size, so the last, partial segments of documents of any
+    length stack with full ones; each answer equals the document's answer alone (to float tolerance)."""
+    import asyncio
+
+    from service.runtime.pipeline import run_whole
+    from service.runtime.registry import load_model
+    from service.settings import Settings
+
+    model = load_model(repository[0] / "rmt-tiny" / "1", "onnx", Settings(model_repository=repository[0]))
+    step = model.batchers["step"]
+    rows, inner = [], step.backend
+
+    class Recording:
+        name, providers = inner.name, inner.providers
+
+        def run(self, inputs):
+            rows.append(len(inputs["memory"]))
+            return inner.run(inputs)
+
+    step.backend = Recording()
+    rng = np.random.default_rng()
+    texts = [document(rng, words) for words in (7, 23, 41, 66, 90)]
+    alone = [(await run_whole(model.pipeline, text))[1].result for text in texts]
+    assert max(rows) == 1
+    rows.clear()
+    together = [finished.result for _, finished in await asyncio.gather(*(run_whole(model.pipeline, t) for t in texts))]
+    assert max(rows) == len(texts)  # first segments of all five documents in one call
+    for one, other in zip(alone, together, strict=True):
+        assert one["label"] == other["label"] and one["segments"] == other["segments"]
+        np.testing.assert_allclose(list(one["probabilities"].values()), list(other["probabilities"].values()),
+                                   atol=1e-5)
+    await step.close()

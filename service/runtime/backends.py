@@ -1,9 +1,12 @@
 """Backends: one interface over ONNX Runtime, TorchScript and eager PyTorch.
 
-A backend runs one graph of a model-repository entry: named numpy arrays in,
-named numpy arrays out, names and dtypes from the entry's manifest. torch is
-imported only by the TorchScript and eager backends, so an ONNX-only service
-never loads it on the hot path.
+A backend runs one graph of a model-repository entry on one device ("cpu" or
+"cuda:N") in one precision (fp32, fp16, bf16): named numpy arrays in, named
+numpy arrays out, names and dtypes from the entry's manifest. Whatever the
+device and precision, floating outputs come back as float32 numpy arrays, so
+the rest of the service never sees either. torch is imported only by the
+TorchScript and eager backends, so an ONNX-only service never loads it on the
+hot path.
 """
 
 from __future__ import annotations
@@ -14,27 +17,70 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from service.runtime.devices import DeviceConfigError, torch_dtype
+
 BACKENDS = ("onnx", "torchscript", "torch")
 
 
 class Backend(Protocol):
     name: str
+    device: str  # "cpu" or "cuda:N": where the graph runs (the batcher reads the GPU's energy by it)
+    precision: str  # "fp32", "fp16" or "bf16"
     providers: list[str]
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
-def onnx_session(path: str | Path, intra_op_threads: int = 0) -> Any:
-    """An ONNX Runtime session with full graph optimization; CUDA first when the GPU build sees a GPU."""
+def onnx_providers_for(device: str) -> list[Any]:
+    """ONNX Runtime providers for ``device``: the CPU alone, or CUDA device N then the CPU."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise DeviceConfigError(
+            f"{device} asked of the onnx backend but onnxruntime has no CUDAExecutionProvider (providers "
+            f"{available}): install onnxruntime-gpu (`make ORT=gpu`) or set RTSERVE_DEVICE=cpu"
+        )
+    return [("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)}), "CPUExecutionProvider"]
+
+
+# ops kept in float32 by the fp16 conversion, beyond the converter's own list: ONNX Runtime's CPU
+# provider has no float16 ScatterElements with reduction="add" (SRformer's copy distribution)
+FP16_BLOCKED_OPS = ("ScatterElements",)
+
+
+def fp16_onnx_model(path: str | Path) -> bytes:
+    """The graph at ``path`` with float16 weights and arithmetic, its inputs and outputs still float32.
+
+    Constants beyond float16's range are clamped (SRformer's -1e30 mask value becomes -65504)."""
+    import onnx
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    model = convert_float_to_float16(
+        onnx.load(str(path)), keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, *FP16_BLOCKED_OPS]
+    )
+    return model.SerializeToString()
+
+
+def onnx_session(path: str | Path, intra_op_threads: int = 0, device: str = "cpu", precision: str = "fp32") -> Any:
+    """An ONNX Runtime session with full graph optimization on ``device``, fp32 or (converted) fp16."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = intra_op_threads
-    providers = ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, "CUDAExecutionProvider")
-    return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    providers = onnx_providers_for(device)
+    graph = fp16_onnx_model(path) if precision == "fp16" else str(path)
+    session = ort.InferenceSession(graph, sess_options=options, providers=providers)
+    if device != "cpu" and session.get_providers()[0] != "CUDAExecutionProvider":
+        # ONNX Runtime falls back to the CPU when the CUDA provider cannot load (missing cuDNN, driver ...)
+        raise DeviceConfigError(
+            f"onnxruntime could not start the CUDA provider for {path} on {device} (see its log above); the "
+            f"session got {session.get_providers()}. Fix the CUDA install or set RTSERVE_DEVICE=cpu"
+        )
+    return session
 
 
 def _coerce(inputs: Mapping[str, np.ndarray], specs: list[dict[str, Any]]) -> list[np.ndarray]:
@@ -48,11 +94,18 @@ def _coerce(inputs: Mapping[str, np.ndarray], specs: list[dict[str, Any]]) -> li
 
 
 class OnnxBackend:
+    """An ONNX Runtime session. On CUDA, inputs and outputs go through IO binding: ORT copies each input
+    to the GPU once per batch and each output back to host memory, with no per-call provider round trip."""
+
     name = "onnx"
 
-    def __init__(self, path: Path, graph: Mapping[str, Any], intra_op_threads: int = 0) -> None:
-        self.session = onnx_session(path, intra_op_threads)
+    def __init__(self, path: Path, graph: Mapping[str, Any], intra_op_threads: int = 0, device: str = "cpu",
+                 precision: str = "fp32", convert: bool = True) -> None:
+        """``convert``: lower an fp32 graph to ``precision`` at load (False: the file is already in it)."""
+        self.device, self.precision = device, precision
+        self.session = onnx_session(path, intra_op_threads, device, precision if convert else "fp32")
         self.providers = list(self.session.get_providers())
+        self.io_binding = device != "cpu"
         # the exporter drops inputs a graph never reads (e.g. the RAF state of a full-attention
         # SRformer): feed only what the session takes
         taken = {node.name for node in self.session.get_inputs()}
@@ -61,43 +114,65 @@ class OnnxBackend:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = _coerce(inputs, self.input_specs)
-        feed = {spec["name"]: array for spec, array in zip(self.input_specs, arrays, strict=True)}
-        outputs = self.session.run(self.output_names, feed)
-        return dict(zip(self.output_names, outputs, strict=True))
+        if not self.io_binding:
+            feed = {spec["name"]: array for spec, array in zip(self.input_specs, arrays, strict=True)}
+            outputs = self.session.run(self.output_names, feed)
+            return dict(zip(self.output_names, outputs, strict=True))
+        binding = self.session.io_binding()
+        for spec, array in zip(self.input_specs, arrays, strict=True):
+            binding.bind_cpu_input(spec["name"], array)  # ORT copies it to the session's device
+        for name in self.output_names:
+            binding.bind_output(name, "cpu")  # results land in host memory, as numpy
+        self.session.run_with_iobinding(binding)
+        return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
 
 
 class _TorchModuleBackend:
-    """Shared by TorchScript and eager: positional tensors in, tuple of tensors out."""
+    """Shared by TorchScript and eager: positional tensors in, tuple of tensors out.
+
+    The module is moved to the device and cast to the precision once; each batch's inputs are
+    moved once (floating ones cast, integer and bool ones unchanged), its outputs come back as
+    float32 numpy arrays.
+    """
 
     name = "torch"
 
-    def __init__(self, module: Any, graph: Mapping[str, Any]) -> None:
-        self.module = module
-        self.providers = ["CPU"]
+    def __init__(self, module: Any, graph: Mapping[str, Any], device: str = "cpu", precision: str = "fp32") -> None:
+        self.device, self.precision = device, precision
+        self.dtype = torch_dtype(precision)
+        self.module = module.to(device=device, dtype=self.dtype) if precision != "fp32" else module.to(device)
+        self.providers = ["CUDA" if device.startswith("cuda") else "CPU"]
         self.input_specs = list(graph["inputs"])
         self.output_names = [spec["name"] for spec in graph["outputs"]]
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        tensors = [torch.from_numpy(array) for array in _coerce(inputs, self.input_specs)]
+        tensors = []
+        for array in _coerce(inputs, self.input_specs):
+            tensor = torch.from_numpy(array)
+            dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
+            tensors.append(tensor.to(self.device, dtype=dtype, non_blocking=True))
         with torch.inference_mode():
             outputs = self.module(*tensors)
-        return {name: tensor.numpy() for name, tensor in zip(self.output_names, outputs, strict=True)}
+        return {
+            name: (tensor.float() if tensor.is_floating_point() else tensor).cpu().numpy()
+            for name, tensor in zip(self.output_names, outputs, strict=True)
+        }
 
 
 class TorchScriptBackend(_TorchModuleBackend):
     name = "torchscript"
 
-    def __init__(self, path: Path, graph: Mapping[str, Any]) -> None:
+    def __init__(self, path: Path, graph: Mapping[str, Any], device: str = "cpu", precision: str = "fp32") -> None:
         import warnings
 
         import torch
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 deprecates TorchScript; still loads
-            module = torch.jit.load(str(path), map_location="cpu").eval()
-        super().__init__(module, graph)
+            module = torch.jit.load(str(path), map_location=device).eval()
+        super().__init__(module, graph, device, precision)
 
 
 class TorchBackend(_TorchModuleBackend):
@@ -107,11 +182,29 @@ class TorchBackend(_TorchModuleBackend):
 
 
 def load_backends(
-    entry: Path, manifest: Mapping[str, Any], backend: str, intra_op_threads: int = 0
+    entry: Path,
+    manifest: Mapping[str, Any],
+    backend: str,
+    intra_op_threads: int = 0,
+    device: str = "cpu",
+    precision: str = "fp32",
 ) -> dict[str, Backend]:
-    """One backend per graph of the entry; ``intra_op_threads`` > 0 caps each graph's CPU threads."""
+    """One backend per graph of the entry on a resolved ``device`` ("cpu", "cuda:N") in ``precision``;
+    ``intra_op_threads`` > 0 caps each graph's CPU threads.
+
+    An entry exported in fp16 (``rtserve export --fp16``: float16 inputs, outputs and state) runs as
+    it is, in fp16, whether ``precision`` says fp32 (the default) or fp16.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    exported = manifest.get("precision", "fp32")
+    if exported != "fp32":
+        if precision not in ("fp32", exported):
+            raise DeviceConfigError(
+                f"{entry} was exported in {exported}; it cannot run in {precision}: export it in fp32 or set "
+                f"its precision to {exported}"
+            )
+        precision = exported
     if backend != "onnx" and intra_op_threads > 0:
         import torch
 
@@ -120,14 +213,18 @@ def load_backends(
         from models.servable import build_servable
 
         servable = build_servable(entry / "checkpoint", name=manifest["name"])
-        return {g["name"]: TorchBackend(servable.graph(g["name"]).module, g) for g in manifest["graphs"]}
+        return {
+            g["name"]: TorchBackend(servable.graph(g["name"]).module, g, device, precision) for g in manifest["graphs"]
+        }
     loaded: dict[str, Backend] = {}
     for graph in manifest["graphs"]:
         file_name = graph["files"].get(backend)
         if file_name is None:
             raise FileNotFoundError(f"{entry} has no {backend} export of graph {graph['name']!r}")
         if backend == "onnx":
-            loaded[graph["name"]] = OnnxBackend(entry / file_name, graph, intra_op_threads)
+            loaded[graph["name"]] = OnnxBackend(
+                entry / file_name, graph, intra_op_threads, device, precision, convert=exported == "fp32"
+            )
         else:
-            loaded[graph["name"]] = TorchScriptBackend(entry / file_name, graph)
+            loaded[graph["name"]] = TorchScriptBackend(entry / file_name, graph, device, precision)
     return loaded

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.metrics import ServiceMetrics
+from service.metrics import ServiceMetrics, metered
 from service.runtime.backends import Backend
 
 Signature = tuple[tuple[str, tuple[int, ...], str], ...]
@@ -146,7 +146,8 @@ class DynamicBatcher:
         rows = sum(p.rows for p in live)
         self._last_rows = rows
         try:
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, stacked)
+            with metered(self.metrics, self.backend, self.model, rows):
+                outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, stacked)
         except Exception as error:  # the whole batch failed: every caller learns why
             for pending in live:
                 if not pending.future.done():

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from service.metrics import ServiceMetrics
+from service.metrics import ServiceMetrics, metered
 from service.runtime.backends import Backend
 from service.runtime.decoding import Search
 
@@ -183,10 +183,11 @@ class DecodeLoop:
         inputs = {**self._fixed, **self._state,
                   "token": np.concatenate([m.search.tokens for m in members]),
                   "t": np.concatenate([np.full(m.search.rows, m.search.t, dtype=np.int64) for m in members])}
-        started = time.perf_counter()
-        outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, inputs)
-        finished = time.perf_counter()
         rows = len(inputs["token"])
+        started = time.perf_counter()
+        with metered(self.metrics, self.backend, self.model, rows):
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, inputs)
+        finished = time.perf_counter()
         if self.metrics is not None:
             queued = [started - m.enqueued for m in members if m.search.t == 0]
             self.metrics.observe_batch(self.model, self.backend.name, self.graph, rows, finished - started, queued)

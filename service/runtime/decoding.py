@@ -30,14 +30,45 @@ def banned_ids(sequence: list[int], n: int) -> list[int]:
     return [sequence[i + n - 1] for i in range(len(sequence) - n + 1) if tuple(sequence[i : i + n - 1]) == prefix]
 
 
-def _ban(logp: np.ndarray, sequences: list[list[int]], vocab_ids: np.ndarray, n: int) -> np.ndarray:
-    if n <= 0:
-        return logp
-    logp = logp.copy()
-    for row, sequence in enumerate(sequences):
-        for token in banned_ids(sequence, n):
-            logp[row, vocab_ids == token] = NEG
-    return logp
+class NgramBan:
+    """The no-repeat n-gram rule for one growing sequence, kept up to date in O(1) per token.
+
+    ``banned()`` equals :func:`banned_ids` of the sequence so far: the tokens that followed an earlier
+    occurrence of the last n-1 tokens.
+    """
+
+    def __init__(self, n: int, sequence: list[int] | None = None) -> None:
+        self.n = n
+        self.sequence: list[int] = []
+        self.followers: dict[tuple[int, ...], set[int]] = {}
+        for token in sequence or []:
+            self.push(token)
+
+    def push(self, token: int) -> None:
+        self.sequence.append(token)
+        if self.n > 0 and len(self.sequence) >= self.n:
+            prefix = tuple(self.sequence[len(self.sequence) - self.n : -1])
+            self.followers.setdefault(prefix, set()).add(token)
+
+    def banned(self) -> set[int]:
+        if self.n <= 0 or len(self.sequence) < self.n - 1:
+            return set()
+        return self.followers.get(tuple(self.sequence[len(self.sequence) - self.n + 1 :]), set())
+
+    def copy(self) -> NgramBan:
+        twin = NgramBan(0)
+        twin.n, twin.sequence = self.n, list(self.sequence)
+        twin.followers = {prefix: set(tokens) for prefix, tokens in self.followers.items()}
+        return twin
+
+
+def ban_columns(logp_row: np.ndarray, banned: set[int], vocab_ids: np.ndarray) -> None:
+    """Set the log-probability of each banned token to NEG, in place (``vocab_ids`` sorted, as built)."""
+    if not banned:
+        return
+    tokens = np.fromiter(banned, dtype=np.int64, count=len(banned))
+    columns = np.searchsorted(vocab_ids, tokens).clip(max=len(vocab_ids) - 1)
+    logp_row[columns[vocab_ids[columns] == tokens]] = NEG
 
 
 class GreedySearch:
@@ -51,19 +82,22 @@ class GreedySearch:
         self.rows = 1
         self.eos, self.vocab_ids, self.limit, self.no_repeat = eos, vocab_ids, limit, no_repeat
         self.on_token = on_token
-        self.sequence: list[int] = []
+        self.ban = NgramBan(no_repeat)
+        self.sequence = self.ban.sequence
         self.tokens = np.array([bos], dtype=np.int64)
         self.t = 0
         self.done = limit <= 0
 
     def advance(self, logp: np.ndarray) -> np.ndarray:
-        logp = _ban(logp[:, : len(self.vocab_ids)], [self.sequence], self.vocab_ids, self.no_repeat)
-        chosen = int(self.vocab_ids[int(logp[0].argmax())])
+        """``logp`` (1, >= V) is this search's own rows of the step's output (it may be changed in place)."""
+        row = logp[0, : len(self.vocab_ids)]
+        ban_columns(row, self.ban.banned(), self.vocab_ids)
+        chosen = int(self.vocab_ids[int(row.argmax())])
         self.t += 1
         if chosen == self.eos:
             self.done = True
         else:
-            self.sequence.append(chosen)
+            self.ban.push(chosen)
             if self.on_token is not None:
                 self.on_token(self.sequence)
             self.tokens = np.array([chosen], dtype=np.int64)
@@ -82,7 +116,8 @@ class BeamSearch:
         self.rows = beams
         self.eos, self.vocab_ids, self.limit, self.no_repeat = eos, vocab_ids, limit, no_repeat
         self.length_penalty = length_penalty
-        self.sequences: list[list[int]] = [[] for _ in range(beams)]
+        self.bans = [NgramBan(no_repeat) for _ in range(beams)]
+        self.sequences: list[list[int]] = [ban.sequence for ban in self.bans]
         self.scores = np.full(beams, NEG)
         self.scores[0] = 0.0  # all beams start identical: keep one alive
         self.tokens = np.full(beams, bos, dtype=np.int64)
@@ -95,11 +130,13 @@ class BeamSearch:
 
     def advance(self, logp: np.ndarray) -> np.ndarray:
         beams, width = self.rows, len(self.vocab_ids)
-        logp = _ban(logp[:, :width], self.sequences, self.vocab_ids, self.no_repeat)
+        logp = logp[:, :width]
+        for row, ban in enumerate(self.bans):
+            ban_columns(logp[row], ban.banned(), self.vocab_ids)
         total = (self.scores[:, None] + logp).reshape(-1)
         order = np.argsort(-total, kind="stable")[: 2 * beams]
         rows: list[int] = []
-        next_sequences: list[list[int]] = []
+        next_bans: list[NgramBan] = []
         next_scores: list[float] = []
         for flat in order:
             value = float(total[flat])
@@ -108,10 +145,12 @@ class BeamSearch:
             row, column = divmod(int(flat), width)
             token = int(self.vocab_ids[column])
             if token == self.eos:
-                self.finished.append((self._normalised(value, self.sequences[row]), self.sequences[row]))
+                self.finished.append((self._normalised(value, self.sequences[row]), list(self.sequences[row])))
                 continue
             rows.append(row)
-            next_sequences.append([*self.sequences[row], token])
+            ban = self.bans[row].copy()
+            ban.push(token)
+            next_bans.append(ban)
             next_scores.append(value)
             if len(rows) == beams:
                 break
@@ -126,9 +165,10 @@ class BeamSearch:
             return np.arange(beams, dtype=np.int64)
         while len(rows) < beams:  # pad with dead copies
             rows.append(rows[0])
-            next_sequences.append(next_sequences[0])
+            next_bans.append(next_bans[0])
             next_scores.append(NEG)
-        self.sequences, self.scores = next_sequences, np.array(next_scores)
+        self.bans, self.scores = next_bans, np.array(next_scores)
+        self.sequences = [ban.sequence for ban in self.bans]
         self.tokens = np.array([sequence[-1] for sequence in self.sequences], dtype=np.int64)
         self.done = self.t >= self.limit
         return np.array(rows, dtype=np.int64)

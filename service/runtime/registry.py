@@ -2,8 +2,11 @@
 
 ``<repository>/<name>/<version>/manifest.json`` marks an entry. Each loaded
 model gets a backend per graph (ONNX Runtime, TorchScript or eager PyTorch,
-per model from the settings), a continuous batcher per graph (a decode loop
-for autoregressive decode graphs), and the pipeline of its task.
+on a device and in a precision, each per model from the settings), a
+continuous batcher per graph (a decode loop for autoregressive decode graphs;
+its largest batch per model and device), and the pipeline of its task. A
+device or precision the host or backend cannot give fails startup
+(:class:`DeviceConfigError`); any other broken entry is only reported.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from service.metrics import ServiceMetrics
 from service.runtime.backends import load_backends
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
+from service.runtime.devices import DeviceConfigError, check_backend_precision, resolve_device
 from service.runtime.pipeline import Pipeline
 from service.settings import Settings
 
@@ -48,6 +52,9 @@ class LoadedModel:
     providers: list[str]
     batchers: dict[str, DynamicBatcher | DecodeLoop]  # per graph
     pipeline: Pipeline
+    device: str = "cpu"  # "cpu" or "cuda:N", resolved
+    precision: str = "fp32"
+    max_batch_size: int = 32
 
     @property
     def task(self) -> str:
@@ -73,6 +80,13 @@ def discover(repository: Path) -> dict[str, dict[str, Path]]:
     return found
 
 
+def placement(name: str, backend: str, settings: Settings) -> tuple[str, str]:
+    """The resolved device ("cpu", "cuda:N") and the precision of model ``name`` on ``backend``;
+    :class:`DeviceConfigError` when the host or the backend cannot give them."""
+    device = resolve_device(settings.device_for(name), backend, name)
+    return device, check_backend_precision(backend, settings.precision_for(name), name)
+
+
 def load_model(
     entry: Path,
     backend: str,
@@ -84,21 +98,26 @@ def load_model(
     """One repository entry, ready to serve: backends, a batcher per graph, the task's pipeline."""
     manifest = json.loads((entry / "manifest.json").read_text())
     name, version = name or manifest["name"], version or manifest["version"]
-    backends = load_backends(entry, manifest, backend, settings.intra_op_threads)
+    device, precision = placement(name, backend, settings)
+    backends = load_backends(entry, manifest, backend, settings.intra_op_threads, device, precision)
+    precision = next(iter(backends.values())).precision  # an entry exported in fp16 runs in fp16
+    max_batch_size = settings.batch_size_for(name, device)
     runners: dict[str, DynamicBatcher | DecodeLoop] = {}
     for graph in manifest["graphs"]:
         runner, ref = backends[graph["name"]], f"{name}:{version}"
         if is_decode_graph(graph):  # autoregressive: searches of many documents share every step
-            runners[graph["name"]] = DecodeLoop(runner, ref, graph, settings.max_batch_size, metrics)
+            runners[graph["name"]] = DecodeLoop(runner, ref, graph, max_batch_size, metrics)
         else:
             runners[graph["name"]] = DynamicBatcher(
-                runner, ref, graph["name"], settings.max_batch_size, settings.max_queue_delay_ms / 1000, metrics
+                runner, ref, graph["name"], max_batch_size, settings.max_queue_delay_ms / 1000, metrics
             )
     module_name, class_name = PIPELINES[manifest["task"]].split(":")
     pipeline_class = getattr(importlib.import_module(module_name), class_name)
     pipeline = pipeline_class(manifest, entry, runners)
-    providers = sorted({p for runner in backends.values() for p in runner.providers})
-    return LoadedModel(name, version, entry, manifest, backend, providers, runners, pipeline)
+    providers = list(dict.fromkeys(p for runner in backends.values() for p in runner.providers))  # in order
+    return LoadedModel(
+        name, version, entry, manifest, backend, providers, runners, pipeline, device, precision, max_batch_size
+    )
 
 
 def is_decode_graph(graph: Mapping[str, Any]) -> bool:
@@ -123,20 +142,30 @@ class ModelRegistry:
         return len(self.models)
 
     async def load_all(self) -> None:
+        """Load every entry. A device or precision misconfiguration raises before anything loads (the
+        service must not start on the CPU when it was told to use a GPU); other failures are kept in
+        ``errors`` (readyz reports them) and the rest of the repository still loads."""
+        for name in self.entries:
+            placement(name, self._backend(name), self.settings)
         for name, versions in self.entries.items():
             for version, entry in versions.items():
                 try:
                     model = await asyncio.to_thread(self._load, name, version, entry)
+                except DeviceConfigError:  # e.g. the CUDA provider failed to start: loud, like the above
+                    raise
                 except Exception as error:  # one broken entry must not take the others down
                     log.exception("cannot load %s:%s from %s", name, version, entry)
                     self.errors[f"{name}:{version}"] = f"{type(error).__name__}: {error}"
                     continue
                 self.models[model.ref] = model
-                log.info("loaded %s (%s, %s backend, %s)", model.ref, model.task, model.backend, model.providers)
+                log.info("loaded %s (%s, %s backend on %s in %s, %s, batches up to %d)", model.ref, model.task,
+                         model.backend, model.device, model.precision, model.providers, model.max_batch_size)
+
+    def _backend(self, name: str) -> str:
+        return self.settings.model_backends.get(name, self.settings.backend)
 
     def _load(self, name: str, version: str, entry: Path) -> LoadedModel:
-        backend = self.settings.model_backends.get(name, self.settings.backend)
-        return load_model(entry, backend, self.settings, self.metrics, name, version)
+        return load_model(entry, self._backend(name), self.settings, self.metrics, name, version)
 
     def resolve(self, model: str | None, task: str | None) -> LoadedModel:
         """``model`` is ``name`` (latest version) or ``name:version``; without it, the task's default."""
@@ -170,7 +199,10 @@ class ModelRegistry:
                 "task": m.task,
                 "family": m.manifest["family"],
                 "backend": m.backend,
+                "device": m.device,
+                "precision": m.precision,
                 "providers": m.providers,
+                "max_batch_size": m.max_batch_size,
                 "manifest": m.manifest,
             }
             for m in sorted(self.models.values(), key=lambda m: m.ref)

@@ -1,0 +1,59 @@
+"""The searches: the incremental no-repeat rule, greedy, and beam search, over fake log-probabilities."""
+
+import numpy as np
+
+from service.runtime.decoding import NEG, BeamSearch, GreedySearch, NgramBan, banned_ids
+
+
+def test_the_incremental_ngram_ban_equals_the_definition():
+    rng = np.random.default_rng()
+    for n in (1, 2, 3, 4):
+        sequence = rng.integers(0, 4, 200).tolist()  # a small alphabet: many repeats
+        ban = NgramBan(n)
+        for index, token in enumerate(sequence):
+            assert ban.banned() == set(banned_ids(sequence[:index], n))
+            ban.push(token)
+
+
+def drive(search, table):
+    """Feed ``search`` log-probabilities from ``table(tokens, t)`` until it is done."""
+    while not search.done:
+        search.advance(table(search.tokens, search.t))
+    return search.result()
+
+
+def markov_table(rng, vocab, eos_column):
+    """A fixed random bigram model over ``vocab`` columns (last token -> log-probabilities)."""
+    logits = rng.standard_normal((max(vocab) + 1, len(vocab))) * 3
+    logits[:, eos_column] -= 2.0
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+    def table(tokens, t):
+        return logp[tokens].copy()
+
+    return table
+
+
+def test_beam_search_of_one_beam_is_greedy_and_every_search_keeps_the_no_repeat_rule():
+    rng = np.random.default_rng()
+    vocab = np.array([2, 5, 7, 9, 11, 13], dtype=np.int64)  # sorted ids; 2 is [SEP]
+    table = markov_table(rng, vocab.tolist(), eos_column=0)
+    greedy = drive(GreedySearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=2), table)
+    assert drive(BeamSearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=2, beams=1), table) == greedy
+    assert all(token in vocab and token != 2 for token in greedy) and len(greedy) <= 12
+
+    wide = drive(BeamSearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=2, beams=4), table)
+    for sequence in (greedy, wide):
+        for index in range(len(sequence)):
+            assert sequence[index] not in banned_ids(sequence[:index], 2)
+
+
+def test_padded_columns_past_the_vocabulary_are_never_chosen():
+    vocab = np.array([2, 3, 4], dtype=np.int64)
+    search = GreedySearch(bos=1, eos=2, vocab_ids=vocab, limit=3, no_repeat=0)
+    logp = np.array([[-5.0, -1.0, -3.0, 0.0, 0.0]])  # two padded columns with a higher value
+    search.advance(logp)
+    assert search.sequence == [3]
+    logp = np.array([[NEG, -1.0, -0.5, 0.0]])
+    search.advance(logp)
+    assert search.sequence == [3, 4]
