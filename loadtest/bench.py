@@ -618,42 +618,62 @@ def settings_in_effect(settings: Any) -> dict[str, Any]:
     return in_effect
 
 
+CLASSIFY_SCENARIOS = ("e2e", "throughput", "latency")
+DATASETS = {"classify": "hyperpartisan", "summarize": "bbc-news-summary", "forecast": "ETT-small"}
+
+
+def why_not(bench: Bench, task: str, wanted: str) -> str | None:
+    """Why the scenarios of ``task`` cannot run here, or None."""
+    if task not in bench.models:
+        return f"no {wanted} in the model repository"
+    folder = bench.data / DATASETS[task]
+    return None if folder.is_dir() else f"dataset not found at {folder} (--data)"
+
+
+async def run_classify_scenarios(bench: Bench, only: Sequence[str]) -> dict[str, Any]:
+    """e2e, throughput and latency share the RMT sessions and the offline step graph."""
+    entry, manifest = bench.entry("classify")
+    texts = inputs.hyperpartisan_texts(bench.data)
+    needed = max((*bench.counts.sessions, bench.counts.e2e_sessions))
+    sessions = inputs.classify_sessions(entry, manifest, texts, needed, bench.counts.pieces)
+    offline = OfflineSteps(entry, manifest, bench.models["classify"]["backend"], bench.intra_op_threads)
+    scenarios: dict[str, Any] = {}
+    if "e2e" in only:
+        log.info("e2e: 1 session, %d pieces x %d sessions", bench.counts.pieces, bench.counts.e2e_sessions)
+        scenarios["e2e"] = await run_e2e(bench, sessions[: bench.counts.e2e_sessions], offline)
+    if "throughput" in only:
+        log.info("throughput: %s concurrent sessions", bench.counts.sessions)
+        scenarios["throughput"] = await run_throughput(bench, sessions, offline)
+    if "latency" in only:
+        log.info("latency: whole sessions at %s concurrent", bench.counts.sessions)
+        scenarios["latency"] = await run_latency(bench, sessions)
+    return scenarios
+
+
 async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
                         described: list[dict[str, Any]]) -> dict[str, Any]:
     scenarios: dict[str, Any] = {}
-    if {"e2e", "throughput", "latency"} & set(only):
-        if "classify" not in bench.models:
-            for name in ("e2e", "throughput", "latency"):
-                bench.skipped[name] = "no RMT classifier in the model repository"
+    classify = [name for name in CLASSIFY_SCENARIOS if name in only]
+    if classify:
+        reason = why_not(bench, "classify", "RMT classifier")
+        if reason:
+            bench.skipped |= dict.fromkeys(classify, reason)
         else:
-            entry, manifest = bench.entry("classify")
-            texts = inputs.hyperpartisan_texts(bench.data)
-            needed = max(bench.counts.sessions + (bench.counts.e2e_sessions,))
-            sessions = inputs.classify_sessions(entry, manifest, texts, needed, bench.counts.pieces)
-            backend = bench.models["classify"]["backend"]
-            offline = OfflineSteps(entry, manifest, backend, bench.intra_op_threads)
-            if "e2e" in only:
-                log.info("e2e: 1 session, %d pieces x %d sessions", bench.counts.pieces, bench.counts.e2e_sessions)
-                scenarios["e2e"] = await run_e2e(bench, sessions[: bench.counts.e2e_sessions], offline)
-            if "throughput" in only:
-                log.info("throughput: %s concurrent sessions", bench.counts.sessions)
-                scenarios["throughput"] = await run_throughput(bench, sessions, offline)
-            if "latency" in only:
-                log.info("latency: whole sessions at %s concurrent", bench.counts.sessions)
-                scenarios["latency"] = await run_latency(bench, sessions)
-            del offline
+            scenarios |= await run_classify_scenarios(bench, classify)
     if "articles" in only:
-        if "summarize" in bench.models:
+        reason = why_not(bench, "summarize", "summarization model")
+        if reason:
+            bench.skipped["articles"] = reason
+        else:
             log.info("articles: %d BBC articles", bench.counts.articles)
             scenarios["articles"] = await run_articles(bench)
-        else:
-            bench.skipped["articles"] = "no summarization model in the model repository"
     if "rsa" in only:
-        if "forecast" in bench.models:
+        reason = why_not(bench, "forecast", "RSA forecaster")
+        if reason:
+            bench.skipped["rsa"] = reason
+        else:
             log.info("rsa: %d forecast sessions", bench.counts.rsa_sessions)
             scenarios["rsa"] = await run_rsa(bench)
-        else:
-            bench.skipped["rsa"] = "no RSA forecaster in the model repository"
     if "gpu" in only:
         if meter.available:
             log.info("gpu: every model at 1 and %d sessions", bench.counts.gpu_sessions)
