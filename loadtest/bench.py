@@ -29,9 +29,11 @@ Protocol
    - ``gpu``: where NVML sees a GPU, per model: segments/s and J/segment at 1 and 32 sessions
      from NVML's energy counter (:mod:`loadtest.bench_gpu`); skipped, saying so, elsewhere.
 
-   Redis share: during the served runs of ``e2e`` and of the smallest ``throughput`` count, the
-   ``/metrics`` delta of ``rtserve_redis_operation_duration_seconds_sum`` for the operations the
-   segment route times (``meta``, ``snapshot``, ``commit``, ``touch``) over the delta of
+   Redis share: over the pieces of the served runs of ``e2e`` and of the smallest ``throughput``
+   count (``/metrics`` scraped just before the first piece and after the last answer, so session
+   create and finish fall outside), the delta of ``rtserve_redis_operation_duration_seconds_sum``
+   for the operations the segment route times (``meta``, ``snapshot``, ``commit``, ``touch``;
+   ``live_counts`` runs at each scrape and is left out) over the delta of
    ``rtserve_request_duration_seconds_sum`` for that route. Not in the histogram today: the lock
    (``acquire``: SET NX PX; ``release``: a Lua script), safetensors encoding and decoding, and
    ``wait_for`` polling.
@@ -121,7 +123,7 @@ class Server:
     def __init__(self, repository: Path, port: int, log_path: Path) -> None:
         self.url = f"http://{HOST}:{port}"
         self.log_path = log_path
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self._log = open(log_path, "w")  # closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rtserve.cli", "serve", "--host", HOST, "--port", str(port)],
             env=server_environment(repository, port), stdout=self._log, stderr=subprocess.STDOUT,
@@ -280,15 +282,23 @@ async def send_pieces(client: Client, session_id: str, session: SessionInput) ->
 
 
 async def served_pieces(
-    client: Client, model: str, sessions: Sequence[SessionInput], meter: EnergyMeter | None = None
+    client: Client, model: str, sessions: Sequence[SessionInput], meter: EnergyMeter | None = None,
+    metrics: Samples | None = None,
 ) -> PiecesRun:
-    """Open every session, send all their pieces concurrently (timed), then finish and delete them."""
+    """Open every session, send all their pieces concurrently (timed), then finish and delete them.
+
+    ``metrics``, when given, accumulates the ``/metrics`` delta of the pieces alone (scraped just
+    before the first piece and just after the last answer, outside the timed span).
+    """
     ids = await asyncio.gather(*(open_session(client, model) for _ in sessions))
-    energy_before = meter.millijoules() if meter else None
+    before = await client.metrics() if metrics is not None else {}
+    energy_before = meter.millijoules() if meter else 0
     cpu_before, started = time.process_time(), time.perf_counter()
     latencies = await asyncio.gather(*(send_pieces(client, i, s) for i, s in zip(ids, sessions, strict=True)))
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_before
-    millijoules = meter.millijoules() - energy_before if meter and energy_before is not None else None
+    millijoules = meter.millijoules() - energy_before if meter else None
+    if metrics is not None:
+        add_delta(metrics, metric_delta(before, await client.metrics()))
     await asyncio.gather(*(close_session(client, session_id) for session_id in ids))
     flat = [seconds for per_session in latencies for seconds in per_session]
     return PiecesRun(wall, flat, len(flat), cpu, millijoules)
@@ -361,10 +371,6 @@ class Bench:
     def ref(self, task: str) -> str:
         return f"{self.models[task]['name']}:{self.models[task]['version']}"
 
-    def served_first(self, repeat: int) -> bool:
-        """Served then offline on even repeats, offline then served on odd ones."""
-        return repeat % 2 == 0
-
     async def settle(self) -> None:
         await asyncio.sleep(self.counts.settle_seconds)
 
@@ -373,23 +379,28 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def in_turn(repeat: int, first: Any, second: Any) -> tuple[Any, Any]:
+    """``(first, second)`` on even repeats, ``(second, first)`` on odd ones: drift hits both sides alike."""
+    return (first, second) if repeat % 2 == 0 else (second, first)
+
+
 async def run_e2e(bench: Bench, sessions: list[SessionInput], offline: OfflineSteps) -> dict[str, Any]:
     model = bench.ref("classify")
     await served_pieces(bench.client, model, sessions[:1])  # warm-up, untimed
     offline.batch_one_seconds(sessions[:1])
-    repeats, metrics = [], {}
+    repeats: list[dict[str, Any]] = []
+    metrics: Samples = {}
     for repeat in range(bench.repeats):
-        order = ("served", "offline") if bench.served_first(repeat) else ("offline", "served")
+        order = in_turn(repeat, "served", "offline")
         row: dict[str, Any] = {"order": list(order), "piece_seconds": [], "step_seconds": []}
         for kind in order:
             await bench.settle()
             if kind == "offline":
                 row["step_seconds"] = offline.batch_one_seconds(sessions)
                 continue
-            before = await bench.client.metrics()
             for session in sessions:  # one session at a time
-                row["piece_seconds"] += (await served_pieces(bench.client, model, [session])).piece_seconds
-            add_delta(metrics, metric_delta(before, await bench.client.metrics()))
+                run = await served_pieces(bench.client, model, [session], metrics=metrics)
+                row["piece_seconds"] += run.piece_seconds
         row["piece_ms_median"] = 1000 * median(row.pop("piece_seconds"))
         row["step_ms_median"] = 1000 * median(row.pop("step_seconds"))
         row["ratio"] = row["piece_ms_median"] / row["step_ms_median"]
@@ -415,17 +426,16 @@ async def run_throughput(bench: Bench, sessions: list[SessionInput], offline: Of
         await served_pieces(bench.client, model, chosen)  # warm-up, untimed
         offline.batched_seconds(chosen)
         segments = sum(len(s.segments) for s in chosen)
-        repeats, metrics = [], {}
+        repeats: list[dict[str, Any]] = []
+        metrics: Samples = {}
         for repeat in range(bench.repeats):
             row: dict[str, Any] = {}
-            for kind in ("served", "offline") if bench.served_first(repeat) else ("offline", "served"):
+            for kind in in_turn(repeat, "served", "offline"):
                 await bench.settle()
                 if kind == "offline":
                     row["offline_segments_per_second"] = segments / offline.batched_seconds(chosen)
                     continue
-                before = await bench.client.metrics()
-                run = await served_pieces(bench.client, model, chosen)
-                add_delta(metrics, metric_delta(before, await bench.client.metrics()))
+                run = await served_pieces(bench.client, model, chosen, metrics=metrics)
                 row["served_segments_per_second"] = run.steps / run.wall_seconds
                 row["client_cpu_share"] = run.client_cpu_seconds / run.wall_seconds
             row["ratio"] = row["served_segments_per_second"] / row["offline_segments_per_second"]
@@ -486,7 +496,7 @@ async def run_articles(bench: Bench) -> dict[str, Any]:
     repeats = []
     for repeat in range(bench.repeats):
         row: dict[str, Any] = {}
-        for concurrent in (True, False) if repeat % 2 == 0 else (False, True):
+        for concurrent in in_turn(repeat, True, False):
             await bench.settle()
             seconds, tokens = await summarize_all(bench.client, bodies, concurrent)
             name = "concurrent" if concurrent else "sequential"
@@ -535,7 +545,7 @@ async def run_rsa(bench: Bench) -> dict[str, Any]:
     repeats = []
     for repeat in range(bench.repeats):
         row: dict[str, Any] = {}
-        for concurrent in (True, False) if repeat % 2 == 0 else (False, True):
+        for concurrent in in_turn(repeat, True, False):
             await bench.settle()
             seconds = await forecast_flows(bench.client, model, sessions, concurrent)
             row["concurrent_pieces_per_second" if concurrent else "sequential_pieces_per_second"] = pieces / seconds
@@ -704,6 +714,12 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
         code = server.stop()
     if code not in (0, -signal.SIGTERM):
         bench.notes.append(f"the service exited with {code} on SIGTERM (log: {log_path})")
+    if {"e2e", "throughput"} & set(scenarios):
+        bench.notes.append(
+            "Redis share = time in the Redis histogram for the segment route's operations "
+            f"({', '.join(SEGMENT_ROUTE_REDIS_OPERATIONS)}) / that route's request time; the session lock's "
+            "acquire and release are not timed by the histogram today, nor is safetensors encoding"
+        )
     return {
         "settings": settings,
         "models": {task: f"{m['name']}:{m['version']}" for task, m in bench.models.items()},
@@ -754,7 +770,11 @@ def main(argv: Sequence[str] | None = None, meter: EnergyMeter | None = None) ->
     counts = QUICK if options.quick else Counts()
     machine = machine_info(meter.names)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    measured = asyncio.run(measure(options, counts, meter))
+    try:
+        measured = asyncio.run(measure(options, counts, meter))
+    except BenchError as error:
+        print(f"rtserve bench: {error}", file=sys.stderr)
+        return 1
     results = {
         "machine": machine,
         "command": " ".join(["rtserve bench", *(argv if argv is not None else sys.argv[1:])]),
