@@ -404,6 +404,7 @@ async def run_e2e(bench: Bench, sessions: list[SessionInput], offline: OfflineSt
         row["piece_ms_median"] = 1000 * median(row.pop("piece_seconds"))
         row["step_ms_median"] = 1000 * median(row.pop("step_seconds"))
         row["ratio"] = row["piece_ms_median"] / row["step_ms_median"]
+        log.info("  repeat %d: piece %.1f ms, step %.1f ms", repeat + 1, row["piece_ms_median"], row["step_ms_median"])
         repeats.append(row)
     piece_ms, step_ms = median([r["piece_ms_median"] for r in repeats]), median([r["step_ms_median"] for r in repeats])
     return {
@@ -439,6 +440,8 @@ async def run_throughput(bench: Bench, sessions: list[SessionInput], offline: Of
                 row["served_segments_per_second"] = run.steps / run.wall_seconds
                 row["client_cpu_share"] = run.client_cpu_seconds / run.wall_seconds
             row["ratio"] = row["served_segments_per_second"] / row["offline_segments_per_second"]
+            log.info("  %d sessions, repeat %d: served %.1f, offline %.1f segments/s", count, repeat + 1,
+                     row["served_segments_per_second"], row["offline_segments_per_second"])
             repeats.append(row)
         served = median([r["served_segments_per_second"] for r in repeats])
         offline_rate = median([r["offline_segments_per_second"] for r in repeats])
@@ -502,6 +505,8 @@ async def run_articles(bench: Bench) -> dict[str, Any]:
             name = "concurrent" if concurrent else "sequential"
             row[f"{name}_tokens_per_second"], row[f"{name}_summary_tokens"] = tokens / seconds, tokens
         row["ratio"] = row["concurrent_tokens_per_second"] / row["sequential_tokens_per_second"]
+        log.info("  repeat %d: %.1f vs %.1f decode tokens/s", repeat + 1, row["concurrent_tokens_per_second"],
+                 row["sequential_tokens_per_second"])
         repeats.append(row)
     concurrent_rate = median([r["concurrent_tokens_per_second"] for r in repeats])
     sequential_rate = median([r["sequential_tokens_per_second"] for r in repeats])
@@ -550,6 +555,8 @@ async def run_rsa(bench: Bench) -> dict[str, Any]:
             seconds = await forecast_flows(bench.client, model, sessions, concurrent)
             row["concurrent_pieces_per_second" if concurrent else "sequential_pieces_per_second"] = pieces / seconds
         row["ratio"] = row["concurrent_pieces_per_second"] / row["sequential_pieces_per_second"]
+        log.info("  repeat %d: %.1f vs %.1f pieces/s", repeat + 1, row["concurrent_pieces_per_second"],
+                 row["sequential_pieces_per_second"])
         repeats.append(row)
     concurrent_rate = median([r["concurrent_pieces_per_second"] for r in repeats])
     sequential_rate = median([r["sequential_pieces_per_second"] for r in repeats])
