@@ -54,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -362,6 +362,7 @@ class Bench:
     intra_op_threads: int
     models: dict[str, dict[str, Any]]  # task -> GET /models description of the model measured
     skipped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # scenario -> why it could not finish
     notes: list[str] = field(default_factory=list)
 
     def entry(self, task: str) -> tuple[Path, dict[str, Any]]:
@@ -647,6 +648,15 @@ def why_not(bench: Bench, task: str, wanted: str) -> str | None:
     return None if folder.is_dir() else f"dataset not found at {folder} (--data)"
 
 
+async def attempt(bench: Bench, scenarios: dict[str, Any], name: str, run: Coroutine[Any, Any, Any]) -> None:
+    """Run one scenario; a failed request fails that scenario only, and the report says why."""
+    try:
+        scenarios[name] = await run
+    except BenchError as error:
+        log.error("%s failed: %s", name, error)
+        bench.failed[name] = str(error)
+
+
 async def run_classify_scenarios(bench: Bench, only: Sequence[str]) -> dict[str, Any]:
     """e2e, throughput and latency share the RMT sessions and the offline step graph."""
     entry, manifest = bench.entry("classify")
@@ -657,13 +667,13 @@ async def run_classify_scenarios(bench: Bench, only: Sequence[str]) -> dict[str,
     scenarios: dict[str, Any] = {}
     if "e2e" in only:
         log.info("e2e: 1 session, %d pieces x %d sessions", bench.counts.pieces, bench.counts.e2e_sessions)
-        scenarios["e2e"] = await run_e2e(bench, sessions[: bench.counts.e2e_sessions], offline)
+        await attempt(bench, scenarios, "e2e", run_e2e(bench, sessions[: bench.counts.e2e_sessions], offline))
     if "throughput" in only:
         log.info("throughput: %s concurrent sessions", bench.counts.sessions)
-        scenarios["throughput"] = await run_throughput(bench, sessions, offline)
+        await attempt(bench, scenarios, "throughput", run_throughput(bench, sessions, offline))
     if "latency" in only:
         log.info("latency: whole sessions at %s concurrent", bench.counts.sessions)
-        scenarios["latency"] = await run_latency(bench, sessions)
+        await attempt(bench, scenarios, "latency", run_latency(bench, sessions))
     return scenarios
 
 
@@ -683,18 +693,18 @@ async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
             bench.skipped["articles"] = reason
         else:
             log.info("articles: %d BBC articles", bench.counts.articles)
-            scenarios["articles"] = await run_articles(bench)
+            await attempt(bench, scenarios, "articles", run_articles(bench))
     if "rsa" in only:
         reason = why_not(bench, "forecast", "RSA forecaster")
         if reason:
             bench.skipped["rsa"] = reason
         else:
             log.info("rsa: %d forecast sessions", bench.counts.rsa_sessions)
-            scenarios["rsa"] = await run_rsa(bench)
+            await attempt(bench, scenarios, "rsa", run_rsa(bench))
     if "gpu" in only:
         if meter.available:
             log.info("gpu: every model at 1 and %d sessions", bench.counts.gpu_sessions)
-            scenarios["gpu"] = await run_gpu(bench, meter, described)
+            await attempt(bench, scenarios, "gpu", run_gpu(bench, meter, described))
         else:
             bench.skipped["gpu"] = f"GPU rows skipped (no GPU): {meter.reason}"
     return scenarios
@@ -733,6 +743,7 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
         "backends": {f"{m['name']}:{m['version']}": m["providers"] for m in described},
         "scenarios": scenarios,
         "skipped": bench.skipped,
+        "failed": bench.failed,
         "notes": bench.notes,
     }
 
@@ -798,7 +809,7 @@ def main(argv: Sequence[str] | None = None, meter: EnergyMeter | None = None) ->
     markdown_path = options.out_md or Path("docs") / f"bench-{slug}.md"
     print(write_reports(results, json_path, markdown_path))
     print(f"wrote {json_path} and {markdown_path}")
-    return 0
+    return 1 if results["failed"] else 0
 
 
 if __name__ == "__main__":

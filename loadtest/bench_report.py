@@ -193,6 +193,7 @@ def markdown(results: Mapping[str, Any]) -> str:
     for label, value in measurement_rows(results["scenarios"]):
         lines.append(f"| {label} | {_number(value)} | | |")
     notes = [f"- {name}: skipped — {reason}" for name, reason in results["skipped"].items()]
+    notes += [f"- {name}: FAILED — {reason}" for name, reason in results.get("failed", {}).items()]
     notes += [f"- {note}" for note in results["notes"]]
     return "\n".join([*lines, "", *notes, ""]) if notes else "\n".join([*lines, ""])
 

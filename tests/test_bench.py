@@ -48,6 +48,7 @@ def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out_json.read_text())
+    assert report["failed"] == {}
 
     scenarios = report["scenarios"]
     assert set(SERVED_SCENARIOS) <= set(scenarios), report["skipped"]
