@@ -1,4 +1,4 @@
-"""The ``rtserve`` command: serve, train, eval, export.
+"""The ``rtserve`` command: serve, train, eval, export, bench.
 
 Training and evaluation live with each family's recipe in ``models/``; this
 module only dispatches, importing the heavy modules when they are asked for.
@@ -69,17 +69,24 @@ def _export(argv: Sequence[str]) -> int:
     return int(export_main(list(argv)))
 
 
-COMMANDS = {"serve": _serve, "train": _train, "eval": _eval, "export": _export}
+def _bench(argv: Sequence[str]) -> int:
+    from loadtest.bench import main as bench_main
+
+    return int(bench_main(list(argv)))
+
+
+COMMANDS = {"serve": _serve, "train": _train, "eval": _eval, "export": _export, "bench": _bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: rtserve {serve,train,eval,export} [options]")
+        print("usage: rtserve {serve,train,eval,export,bench} [options]")
         print("  serve    start the HTTP service (settings from RTSERVE_* variables)")
         print("  train    train a model: rtserve train <family> --help")
         print("  eval     score a checkpoint or an exported model: rtserve eval <path> --data <path>")
         print("  export   export a checkpoint to the model repository: rtserve export --help")
+        print("  bench    start the service and measure it: rtserve bench --help")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return COMMANDS[argv[0]](argv[1:])
 

@@ -1,0 +1,162 @@
+"""Inputs of ``rtserve bench``, prepared before any timing: real documents and series, bodies as bytes.
+
+- Classification (RMT): Hyperpartisan articles cut into pieces that each complete exactly one
+  segment, so each piece the server receives triggers exactly one ``step``. The cut is found with
+  the model's own tokenizer and the same :class:`SegmentCutter` the classify pipeline runs, and the
+  segments it yields (token ids and mask) are kept: the offline measurement steps the very same ones.
+- Summarization: BBC News test articles, one ``/summarize`` body each.
+- Forecasting: ETTh1 test rows, pieces of equal length (so the batcher may stack them).
+- Summarization sessions (GPU rows only): pieces that each close one encoder window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.text_stream import Segment, SegmentCutter
+
+
+@dataclass
+class SessionInput:
+    """One session's pieces, each a ready request body that applies exactly one step."""
+
+    pieces: list[bytes]  # {"seq": i, "text" | "rows": ...} as JSON bytes
+    segments: list[Segment] = field(default_factory=list)  # RMT only: what the server will step, in order
+
+
+def piece_body(seq: int, key: str, value: Any) -> bytes:
+    return json.dumps({"seq": seq, key: value}, separators=(",", ":")).encode()
+
+
+def cutter_for(entry: Path, manifest: Mapping[str, Any], segment_size: int, max_segments: int) -> SegmentCutter:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
+    return SegmentCutter(tokenizer, segment_size, max_segments, int(manifest["settings"]["pending_bytes"]))
+
+
+def _shortest_completing_end(cutter: SegmentCutter, state: Mapping[str, np.ndarray], text: str, start: int) -> int:
+    """Smallest ``end`` such that feeding ``text[start:end]`` completes a segment (0 if none does).
+
+    Feeding a longer prefix never completes fewer segments, so a binary search finds it.
+    """
+    low, high = start + 1, len(text)
+    if high < low or not cutter.feed(state, text[start:high])[1]:
+        return 0
+    while low < high:
+        middle = (low + high) // 2
+        if cutter.feed(state, text[start:middle])[1]:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def one_segment_pieces(cutter: SegmentCutter, text: str, count: int) -> tuple[list[str], list[Segment]]:
+    """Up to ``count`` consecutive pieces of ``text`` of which each completes exactly one segment."""
+    state = cutter.init_state()
+    pieces: list[str] = []
+    segments: list[Segment] = []
+    start = 0
+    while len(pieces) < count:
+        end = _shortest_completing_end(cutter, state, text, start)
+        if end == 0:
+            break
+        state, completed = cutter.feed(state, text[start:end])
+        if len(completed) != 1:  # one character finished a word longer than a segment: stop here
+            break
+        pieces.append(text[start:end])
+        segments.append(completed[0])
+        start = end
+    return pieces, segments
+
+
+def classify_sessions(
+    entry: Path, manifest: Mapping[str, Any], texts: list[str], sessions: int, pieces: int
+) -> list[SessionInput]:
+    """``sessions`` documents (the first long enough), each cut into ``pieces`` one-segment pieces."""
+    settings = manifest["settings"]
+    count = min(pieces, int(settings["max_segments"]))
+    cutter = cutter_for(entry, manifest, int(settings["segment_size"]), int(settings["max_segments"]))
+    prepared: list[SessionInput] = []
+    for text in texts:
+        cut, segments = one_segment_pieces(cutter, text, count)
+        if len(cut) == count:
+            bodies = [piece_body(seq, "text", piece) for seq, piece in enumerate(cut, start=1)]
+            prepared.append(SessionInput(bodies, segments))
+        if len(prepared) == sessions:
+            return prepared
+    raise ValueError(f"only {len(prepared)} of the documents yield {count} whole segments; {sessions} needed")
+
+
+def summarize_sessions(
+    entry: Path, manifest: Mapping[str, Any], texts: list[str], sessions: int, pieces: int
+) -> list[SessionInput]:
+    """Summarization sessions whose pieces each close one encoder window (one ``encode_window`` step)."""
+    settings = manifest["settings"]
+    windows = int(settings["max_windows"])
+    if int(settings["max_source"]):
+        windows = min(windows, int(settings["max_source"]) // int(settings["encoder_window"]))
+    count = min(pieces, windows)
+    cutter = cutter_for(entry, manifest, int(settings["encoder_window"]) + 2, int(settings["max_windows"]))
+    prepared = []
+    for text in texts:
+        cut, _ = one_segment_pieces(cutter, text, count)
+        if len(cut) == count:
+            prepared.append(SessionInput([piece_body(seq, "text", p) for seq, p in enumerate(cut, start=1)]))
+        if len(prepared) == sessions:
+            return prepared
+    raise ValueError(f"only {len(prepared)} of the documents yield {count} encoder windows; {sessions} needed")
+
+
+def forecast_sessions(
+    values: np.ndarray, lookback: int, sessions: int, piece_rows: int, extra_pieces: int
+) -> list[SessionInput]:
+    """Sessions over consecutive stretches of ``values``: the look-back, then ``extra_pieces``; equal lengths."""
+    pieces = math.ceil(lookback / piece_rows) + extra_pieces
+    span = pieces * piece_rows
+    if span * sessions > len(values):
+        raise ValueError(f"{sessions} sessions of {span} rows need {span * sessions}; the series has {len(values)}")
+    prepared = []
+    for index in range(sessions):
+        rows = values[index * span : (index + 1) * span].tolist()
+        chunks = [rows[i : i + piece_rows] for i in range(0, span, piece_rows)]
+        prepared.append(SessionInput([piece_body(seq, "rows", c) for seq, c in enumerate(chunks, start=1)]))
+    return prepared
+
+
+# ---- the datasets (see ../shared/data/README.md) -------------------------------------------------
+def hyperpartisan_texts(data: Path) -> list[str]:
+    """Every labelled article, test split first (the order is fixed, so every run sends the same text)."""
+    from models.hyperpartisan import load_split
+
+    folder = data / "hyperpartisan"
+    test = load_split(folder, "test")
+    test_ids = {article.id for article in test}
+    rest = [article for article in load_split(folder, "all") if article.id not in test_ids]
+    return [article.text for article in test + rest]
+
+
+def bbc_texts(data: Path, count: int) -> list[str]:
+    from models.bbc import load_split
+
+    pairs = load_split(data / "bbc-news-summary", "test", limit=count)
+    if len(pairs) < count:
+        raise ValueError(f"the BBC test split has {len(pairs)} articles; {count} needed")
+    return [pair.document for pair in pairs]
+
+
+def etth1_values(data: Path, variables: list[str]) -> np.ndarray:
+    """Every ETTh1 row (speed does not depend on the split), columns in the model's order."""
+    from models.ett import read_csv
+
+    series = read_csv(data / "ETT-small" / "ETTh1.csv")
+    columns = [series.names.index(name) for name in variables]
+    return series.values[:, columns]

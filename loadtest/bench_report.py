@@ -1,0 +1,208 @@
+"""The machine, the targets and the two outputs of ``rtserve bench``: a JSON object and a markdown table.
+
+Targets are the issue's ("The runtime: serve from the GPU, batch what arrives together, and cut the
+per-piece overhead"), checked against ratios from one run. CPU targets are checked where NVML sees
+no GPU, GPU targets where it sees one; every row says which.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import os
+import platform
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+# ---- the machine ---------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine_info(gpus: list[str]) -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "cores": usable_cores(),
+        "gpus": gpus,
+    }
+
+
+def machine_name(machine: Mapping[str, Any]) -> str:
+    """``AMD EPYC, 2 cores`` or ``AMD EPYC, 16 cores, NVIDIA H100 80GB HBM3``."""
+    parts = [str(machine["cpu"]), f"{machine['cores']} cores", *machine["gpus"]]
+    return ", ".join(parts)
+
+
+def machine_slug(machine: Mapping[str, Any]) -> str:
+    """File-name form of the machine: ``amd-epyc-2c`` or ``nvidia-h100-80gb-hbm3``."""
+    name = machine["gpus"][0] if machine["gpus"] else f"{machine['cpu']} {machine['cores']}c"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "machine"
+
+
+# ---- targets -------------------------------------------------------------------------------------
+def lookup(tree: Mapping[str, Any], *path: str) -> Any:
+    """``tree[path[0]][path[1]]...``, or None where any step is missing."""
+    node: Any = tree
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str  # what the row says
+    path: tuple[str, ...]  # where the value is in the scenarios
+    compare: str  # "<=" or ">="
+    bound: float
+    applies_to: str  # "cpu" or "gpu"
+
+    def check(self, scenarios: Mapping[str, Any]) -> dict[str, Any]:
+        value = lookup(scenarios, *self.path)
+        holds = None
+        if isinstance(value, int | float) and math.isfinite(value):
+            holds = COMPARE[self.compare](value, self.bound)
+        return {
+            "metric": self.metric, "value": value, "target": f"{self.compare} {self.bound:g}",
+            "applies_to": self.applies_to, "holds": holds,
+        }
+
+
+COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge}
+
+
+def targets_for(scenarios: Mapping[str, Any]) -> list[Target]:
+    """The issue's targets, at the session counts this run measured."""
+    counts = sorted(int(n) for n in lookup(scenarios, "throughput") or {} if n.isdigit())
+    targets = [
+        Target("e2e / step, 1 session", ("e2e", "e2e_per_step"), "<=", 1.15, "cpu"),
+        *(Target(f"served / offline, {n} sessions", ("throughput", str(n), "served_over_offline"), ">=", 0.95, "cpu")
+          for n in counts),
+        Target("different articles: concurrent / one at a time (decode tokens/s)", ("articles", "ratio"), ">=", 3,
+               "cpu"),
+        Target("RSA sessions: concurrent / one at a time (pieces/s)", ("rsa", "ratio"), ">=", 3, "cpu"),
+        Target("Redis share of segment-route time, 1 session", ("e2e", "redis", "share"), "<=", 0.03, "cpu"),
+    ]
+    if counts:
+        targets.append(Target(f"Redis share of segment-route time, {counts[0]} sessions",
+                              ("throughput", str(counts[0]), "redis", "share"), "<=", 0.03, "cpu"))
+        targets.append(Target(f"served / raw step throughput, {counts[-1]} sessions",
+                              ("throughput", str(counts[-1]), "served_over_offline"), ">=", 0.8, "gpu"))
+    targets.append(Target("models served from the GPU (fraction)", ("gpu", "fraction_on_gpu"), ">=", 1.0, "gpu"))
+    for model, rows in (lookup(scenarios, "gpu", "models") or {}).items():
+        targets.append(Target(f"{model}: J/segment at {rows['sessions_high']} sessions / at 1",
+                              ("gpu", "models", model, "joules_ratio"), "<=", 0.1, "gpu"))
+    return targets
+
+
+def check_targets(scenarios: Mapping[str, Any], on_gpu: bool) -> list[dict[str, Any]]:
+    here = "gpu" if on_gpu else "cpu"
+    rows = []
+    for target in targets_for(scenarios):
+        row = target.check(scenarios)
+        row["checked_here"] = target.applies_to == here
+        rows.append(row)
+    return rows
+
+
+# ---- markdown ------------------------------------------------------------------------------------
+def _number(value: Any) -> str:
+    if value is None:
+        return "not measured"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def _holds(row: Mapping[str, Any]) -> str:
+    if not row["checked_here"]:
+        return f"({row['applies_to'].upper()} target)"
+    return {True: "yes", False: "no", None: "not measured"}[row["holds"]]
+
+
+def measurement_rows(scenarios: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The raw figures behind the ratios, one (label, value) each."""
+    rows: list[tuple[str, Any]] = []
+    e2e = scenarios.get("e2e") or {}
+    if "e2e_per_step" in e2e:
+        rows += [("1 session: piece latency, median (ms)", e2e["piece_ms_median"]),
+                 ("1 session: offline step at batch 1, median (ms)", e2e["step_ms_median"]),
+                 ("1 session: server-side step, mean (ms)", e2e["server_step_ms_mean"])]
+    for n, run in (scenarios.get("throughput") or {}).items():
+        if isinstance(run, Mapping) and "served_segments_per_second" in run:
+            rows += [(f"{n} sessions: served segments/s", run["served_segments_per_second"]),
+                     (f"{n} sessions: offline segments/s at batch {n}", run["offline_segments_per_second"]),
+                     (f"{n} sessions: mean batch size", run["mean_batch_size"])]
+    for n, run in (scenarios.get("latency") or {}).items():
+        if isinstance(run, Mapping) and "p50_ms" in run:
+            rows += [(f"{n} sessions: whole-session latency p50 / p90 / p99 (ms)",
+                      f"{run['p50_ms']:.0f} / {run['p90_ms']:.0f} / {run['p99_ms']:.0f}")]
+    articles = scenarios.get("articles") or {}
+    if "ratio" in articles:
+        rows += [(f"{articles['articles']} articles concurrently: decode tokens/s",
+                  articles["concurrent_tokens_per_second"]),
+                 ("the same one at a time: decode tokens/s", articles["sequential_tokens_per_second"])]
+    rsa = scenarios.get("rsa") or {}
+    if "ratio" in rsa:
+        rows += [(f"{rsa['sessions']} RSA sessions concurrently: pieces/s", rsa["concurrent_pieces_per_second"]),
+                 ("the same one at a time: pieces/s", rsa["sequential_pieces_per_second"])]
+    for model, gpu in (lookup(scenarios, "gpu", "models") or {}).items():
+        for key in ("1", str(gpu["sessions_high"])):
+            run = gpu[key]
+            rows.append((f"{model}, {key} session(s): segments/s | J/segment",
+                         f"{run['segments_per_second']:.3g} | {run['joules_per_segment']:.3g}"))
+    return rows
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    machine = results["machine"]
+    lines = [
+        f"# rtserve bench — {machine_name(machine)}",
+        "",
+        f"Machine: {machine_name(machine)}; {machine['platform']}, Python {machine['python']}.",
+        f"Command: `{results['command']}` ({results['started_at']}, {results['repeats']} repeats, medians).",
+        f"Models: {', '.join(f'{task} `{ref}`' for task, ref in results['models'].items())}.",
+        f"Settings: {', '.join(f'{k}={v}' for k, v in results['settings'].items())}.",
+        "",
+        "| metric | value | target | holds |",
+        "|---|---|---|---|",
+    ]
+    for row in results["targets"]:
+        lines.append(f"| {row['metric']} | {_number(row['value'])} | {row['target']} | {_holds(row)} |")
+    for label, value in measurement_rows(results["scenarios"]):
+        lines.append(f"| {label} | {_number(value)} | | |")
+    notes = [f"- {name}: skipped — {reason}" for name, reason in results["skipped"].items()]
+    notes += [f"- {name}: FAILED — {reason}" for name, reason in results.get("failed", {}).items()]
+    notes += [f"- {note}" for note in results["notes"]]
+    return "\n".join([*lines, "", *notes, ""]) if notes else "\n".join([*lines, ""])
+
+
+def write_reports(results: Mapping[str, Any], json_path: Path, markdown_path: Path) -> str:
+    """Write both files; returns the markdown."""
+    text = markdown(results)
+    for path in (json_path, markdown_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    markdown_path.write_text(text)
+    return text
