@@ -32,11 +32,11 @@ Protocol
    Redis share: over the pieces of the served runs of ``e2e`` and of the smallest ``throughput``
    count (``/metrics`` scraped just before the first piece and after the last answer, so session
    create and finish fall outside), the delta of ``rtserve_redis_operation_duration_seconds_sum``
-   for the operations the segment route times (``meta``, ``snapshot``, ``commit``, ``touch``;
-   ``live_counts`` runs at each scrape and is left out) over the delta of
-   ``rtserve_request_duration_seconds_sum`` for that route. Not in the histogram today: the lock
-   (``acquire``: SET NX PX; ``release``: a Lua script), safetensors encoding and decoding, and
-   ``wait_for`` polling.
+   for the operations the segment route times (``begin``: meta, state, last result and the lock in
+   one script; ``commit``: the compare-and-set write, the unlock and the live-index touch in one
+   round trip; ``live_counts`` runs at each scrape and is left out) over the delta of
+   ``rtserve_request_duration_seconds_sum`` for that route. Each timing spans the whole round trip
+   (the client's encoding, the socket and the server); safetensors encoding of the state is outside.
 4. Stop the service (SIGTERM, wait), write the JSON and the markdown table, print the table.
 """
 
@@ -71,7 +71,7 @@ log = logging.getLogger("rtserve.bench")
 
 SCENARIOS = ("e2e", "throughput", "latency", "articles", "rsa", "gpu")
 SEGMENT_ROUTE = "/sessions/{session_id}/segments"
-SEGMENT_ROUTE_REDIS_OPERATIONS = ("meta", "snapshot", "commit", "touch")
+SEGMENT_ROUTE_REDIS_OPERATIONS = ("begin", "commit")
 HOST = "127.0.0.1"
 
 
@@ -234,7 +234,7 @@ def redis_share(delta: Samples) -> dict[str, Any]:
         "share": sum(by_operation.values()) / route_seconds,
         "segment_route_seconds": route_seconds,
         "redis_seconds_by_operation": by_operation,
-        "not_timed": "lock acquire (SET NX PX) and release (Lua), safetensors encode/decode, wait_for polling",
+        "not_timed": "safetensors encoding/decoding of the state; lock waits of contended pieces (none here)",
     }
 
 
@@ -734,8 +734,8 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
     if {"e2e", "throughput"} & set(scenarios):
         bench.notes.append(
             "Redis share = time in the Redis histogram for the segment route's operations "
-            f"({', '.join(SEGMENT_ROUTE_REDIS_OPERATIONS)}) / that route's request time; the session lock's "
-            "acquire and release are not timed by the histogram today, nor is safetensors encoding"
+            f"({', '.join(SEGMENT_ROUTE_REDIS_OPERATIONS)}: every round trip of an applied piece) / that "
+            "route's request time; safetensors encoding of the state is not in it"
         )
     return {
         "settings": settings,

@@ -144,7 +144,7 @@ def test_redis_share_counts_the_segment_routes_operations_only():
     after = {
         sample("rtserve_request_duration_seconds_sum", route=SEGMENT_ROUTE, model="m:1", status="200"): 3.0,
         sample("rtserve_request_duration_seconds_sum", route="/sessions", model="m:1", status="201"): 9.0,
-        sample("rtserve_redis_operation_duration_seconds_sum", operation="snapshot"): 0.03,
+        sample("rtserve_redis_operation_duration_seconds_sum", operation="begin"): 0.03,
         sample("rtserve_redis_operation_duration_seconds_sum", operation="commit"): 0.05,
         sample("rtserve_redis_operation_duration_seconds_sum", operation="live_counts"): 7.0,  # /metrics scrapes
         sample("rtserve_batch_size_sum", model="m:1"): 12.0,

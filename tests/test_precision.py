@@ -75,7 +75,8 @@ def test_srformer_decode_step_runs_in_half_precision(mode, dtype, tmp_path):
     logp = lowered[0]
     assert logp.dtype == torch.float32 and torch.isfinite(logp).all()  # log-probabilities stay float32
     assert torch.equal(logp.argmax(dim=-1), reference[0].argmax(dim=-1)) or dtype == torch.bfloat16
-    for got, expected in zip(lowered[3:], reference[3:], strict=True):  # the caches, in the module's dtype
+    assert torch.equal(lowered[3], reference[3])  # the self-attention mask
+    for got, expected in zip(lowered[4:], reference[4:], strict=True):  # the caches, in the module's dtype
         assert got.dtype == dtype
         torch.testing.assert_close(got.float(), expected, atol=5e-2 * expected.abs().max().item(), rtol=0)
 
