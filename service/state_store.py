@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import numpy as np
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -56,6 +58,9 @@ class StateStore:
         """A client whose pool, when all ``max_connections`` are busy, makes a request wait for one.
 
         redis-py's default pool raises at once when full, which turned ordinary bursts into false 503s.
+        A broken connection (a pooled socket that a restarted Redis closed) is retried twice on a fresh
+        one: every write the service sends is idempotent when repeated (compare-and-set scripts,
+        ZADD/SET of the same values), so a repeat can never apply a piece twice.
         """
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
@@ -64,6 +69,7 @@ class StateStore:
             socket_timeout=timeout_seconds,
             socket_connect_timeout=timeout_seconds,
             decode_responses=False,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2, supported_errors=(RedisConnectionError,)),
         )
         return cls(aioredis.Redis.from_pool(pool), url, prefix)
 
