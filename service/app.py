@@ -40,7 +40,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         embedded = EmbeddedRedis(settings.embedded_redis_dir)
         redis_url = embedded.start()
         log.info("started embedded Redis at %s", redis_url)
-    store = StateStore.from_url(redis_url, settings.redis_key_prefix, settings.redis_timeout_seconds)
+    store = StateStore.from_url(redis_url, settings.redis_key_prefix, settings.redis_timeout_seconds,
+                                settings.redis_max_connections, settings.redis_pool_timeout_seconds)
     registry = ModelRegistry(settings, metrics)
     app.state.store = store
     app.state.models = registry
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
     for router in (health.router, models.router, classify.router, summarize.router, forecast.router,
                    sessions.router):
         app.include_router(router)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       read_timeout_seconds=settings.request_read_timeout_seconds)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # outermost: sees 413s too
     return app

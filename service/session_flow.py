@@ -4,8 +4,9 @@
    session's short lock when ``seq`` is the next piece.
 2. ``seq`` equal to the last applied one: a retry — return the stored result
    (refused if the piece differs). Anything but last + 1: 409 with the
-   expected number. The lock held by another request: wait for its commit.
-3. Compute the step; commit with the compare-and-set script, which also
+   expected number. The lock held by another request: wait for its commit (or
+   for its lease to lapse, when its replica died).
+3. Compute the step, refreshing the lock's lease while it runs; commit with the compare-and-set script, which also
    releases the lock and returns the new meta (one more round trip). A commit
    that loses the race returns what the winner stored.
 """
@@ -43,8 +44,8 @@ class SessionFlow:
         self.registry = registry
         self.metrics = metrics
 
-    async def create(self, model: LoadedModel, owner: str) -> SessionMeta:
-        return await self.sessions.create(model.ref, model.task, owner, model.pipeline.new_state())
+    async def create(self, model: LoadedModel, owner: str, quota: str | None = None) -> SessionMeta:
+        return await self.sessions.create(model.ref, model.task, owner, model.pipeline.new_state(), quota)
 
     def model_of(self, meta: SessionMeta) -> LoadedModel:
         return self.registry.resolve(meta.model, meta.task)
@@ -66,9 +67,10 @@ class SessionFlow:
                 if replay is not None:
                     return replay
                 if token is None:  # another request is applying this session's next piece right now
-                    await self.sessions.wait_for(session_id, owner, seq)
+                    await self.sessions.wait_for(session_id, seq)
                     continue
-                consumed = await model.pipeline.consume(state, piece)
+                async with self.sessions.holding(session_id, token):
+                    consumed = await model.pipeline.consume(state, piece)
             except BaseException:
                 if token is not None:
                     await self.sessions.release(session_id, token)

@@ -2,18 +2,30 @@
 
 Keys of one session share one hash slot (``<prefix>:{<id>}:...``):
 
-- ``meta``   hash: model, task, owner, seq (last applied), created, deadline, consumed, segments,
-             state_bytes (bounded state), chunk_bytes (appended state), piece_sha (hash of the last applied
-             piece), status (open | finished)
+- ``meta``   hash: model, task, owner, quota (the index it counts in), seq (last applied), created, deadline,
+             consumed, segments, state_bytes (bounded state), chunk_bytes (appended state), piece_sha (hash of
+             the last applied piece), status (open | finished)
 - ``state``  safetensors bytes of the bounded state
 - ``result`` JSON of the result of the last applied piece (returned again on a retry)
 - ``chunks`` list of safetensors blobs, append-only (state that grows, e.g. SRformer's per-window keys/values)
 - ``lock``   short-lived marker of the replica applying the next piece
 
-Two indexes live outside the session's slot: ``<prefix>:owner:<owner>:sessions``
-(sessions per API key, for the quota) and ``<prefix>:live:<model>`` (open
-sessions per model, scored by the time they go idle-expired), from which every
-replica reads the same active-session count.
+Two indexes live outside the session's slot, both scored by the time each
+session goes idle-expired: ``<prefix>:owner:<quota>:sessions`` (sessions per
+API key, or per client address without keys: the quota) and
+``<prefix>:live:<model>`` (open sessions per model), from which every replica
+reads the same active-session count.
+
+A create first reserves its place in the quota index (``QUOTA_SCRIPT``: prune,
+count, add, atomically, so parallel creates cannot overshoot), then writes
+meta and state in one script (``CREATE_SCRIPT``) pipelined with the live
+index. A session therefore never exists outside the quota index; a create
+that fails after its reservation removes what it may have written.
+
+The lock is a lease of ``RTSERVE_SESSION_LOCK_SECONDS``, refreshed while the
+step runs: a replica that dies holding it stalls the session for at most one
+lease. It only saves duplicate work; exactly-once rests on the commit's
+compare-and-set.
 
 A piece is applied exactly once: the commit is one Lua script that checks
 the sequence number it read is still current (compare-and-set) and writes
@@ -33,7 +45,8 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +55,32 @@ from redis.exceptions import NoScriptError
 from service.metrics import ServiceMetrics
 from service.runtime.pipeline import Arrays, Consumed
 from service.settings import Settings
-from service.state_store import StateStore
+from service.state_store import StateStore, StateStoreUnavailable
 from service.tensor_codec import decode_tensors, encode_tensors
+
+QUOTA_SCRIPT = """
+-- KEYS: the quota index; ARGV: now, limit, session id, idle expiry
+-- Drops expired members, then adds the session if fewer than limit remain. Returns the count before, or -1.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local count = redis.call('ZCARD', KEYS[1])
+if count >= tonumber(ARGV[2]) then return -1 end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
+return count
+"""
+
+CREATE_SCRIPT = """
+-- KEYS: meta, state; ARGV: ttl, state, then the meta hash as field, value pairs
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
+return 1
+"""
+
+REFRESH_SCRIPT = """
+-- KEYS: lock; ARGV: token, lease milliseconds. Extends the lease if the lock is still ours.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 
 BEGIN_SCRIPT = """
 -- KEYS: meta, state, result, lock; ARGV: seq to apply, owner, lock token, lock milliseconds
@@ -110,7 +147,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-LOCK_MILLISECONDS = 30_000
+WAIT_SECONDS = 60.0  # longest wait behind a live holder that keeps refreshing its lease
 
 
 class SessionNotFound(LookupError):
@@ -139,6 +176,7 @@ class SessionMeta:
     model: str
     task: str
     owner: str
+    quota: str  # the quota index the session counts in: the owner, or the client address without API keys
     seq: int
     created: float
     deadline: float
@@ -155,7 +193,8 @@ class SessionMeta:
         pairs = fields.items() if isinstance(fields, Mapping) else zip(fields[::2], fields[1::2], strict=True)
         f = {key.decode(): value.decode() for key, value in pairs}
         return cls(
-            id=session_id, model=f["model"], task=f["task"], owner=f["owner"], seq=int(f["seq"]),
+            id=session_id, model=f["model"], task=f["task"], owner=f["owner"], quota=f.get("quota", f["owner"]),
+            seq=int(f["seq"]),
             created=float(f["created"]), deadline=float(f["deadline"]), consumed=int(f["consumed"]),
             segments=int(f["segments"]), state_bytes=int(f["state_bytes"]) + int(f.get("chunk_bytes", 0)),
             piece_sha=f.get("piece_sha", ""),
@@ -186,12 +225,16 @@ class SessionStore:
         self._commit = self.redis.register_script(COMMIT_SCRIPT)
         self._finish = self.redis.register_script(FINISH_SCRIPT)
         self._release = self.redis.register_script(RELEASE_SCRIPT)
+        self._quota = self.redis.register_script(QUOTA_SCRIPT)
+        self._create = self.redis.register_script(CREATE_SCRIPT)
+        self._refresh = self.redis.register_script(REFRESH_SCRIPT)
+        self.lock_ms = max(1, int(settings.session_lock_seconds * 1000))
 
     def _keys(self, session_id: str) -> dict[str, str]:
         return {part: self.store.key(session_id, part) for part in ("meta", "state", "result", "chunks", "lock")}
 
-    def _owner_key(self, owner: str) -> str:
-        return f"{self.store.prefix}:owner:{owner}:sessions"
+    def _owner_key(self, quota: str) -> str:
+        return f"{self.store.prefix}:owner:{quota}:sessions"
 
     def _live_key(self, model: str) -> str:
         return f"{self.store.prefix}:live:{model}"
@@ -199,51 +242,50 @@ class SessionStore:
     def _ttl(self, deadline: float) -> int:
         return max(1, min(self.settings.session_ttl_seconds, int(deadline - time.time())))
 
-    async def create(self, model: str, task: str, owner: str, state: Arrays) -> SessionMeta:
+    async def create(self, model: str, task: str, owner: str, state: Arrays, quota: str | None = None) -> SessionMeta:
+        """A new session of ``owner``, counted against the quota of ``quota`` (default: the owner)."""
+        quota = quota or owner
         now = time.time()
         deadline = now + self.settings.session_max_lifetime_seconds
-        await self._check_session_quota(owner, now)
         session_id = secrets.token_urlsafe(24)  # 192 random bits
         keys = self._keys(session_id)
         blob = encode_tensors(state)
         ttl = self._ttl(deadline)
         fields = {
-            "model": model, "task": task, "owner": owner, "seq": 0, "created": now, "deadline": deadline,
-            "consumed": 0, "segments": 0, "state_bytes": len(blob), "piece_sha": "", "status": "open",
+            "model": model, "task": task, "owner": owner, "quota": quota, "seq": 0, "created": now,
+            "deadline": deadline, "consumed": 0, "segments": 0, "state_bytes": len(blob), "piece_sha": "",
+            "status": "open",
         }
+        limit = self.settings.max_sessions_per_key
         with self.store.unavailable_as_error(), self.metrics.time_redis("create"):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(keys["meta"], mapping=fields).expire(keys["meta"], ttl)
-                pipe.set(keys["state"], blob, ex=ttl)
-                await pipe.execute()
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zadd(self._owner_key(owner), {session_id: deadline})
-                pipe.zadd(self._live_key(model), {session_id: now + ttl})
-                pipe.zremrangebyscore(self._live_key(model), "-inf", now)  # prune idle-expired ones here
-                await pipe.execute()
+            held = await self._quota(keys=[self._owner_key(quota)], args=[now, limit, session_id, now + ttl])
+        if int(held) < 0:
+            who = "this API key" if quota == owner else "this client address"
+            raise SessionLimit(f"{who} holds {limit} live sessions, the limit: finish or DELETE some first")
+        try:
+            with self.store.unavailable_as_error(), self.metrics.time_redis("create"):
+                pairs = [str(item) for field in fields.items() for item in field]
+                await self._script_with(
+                    self._create, [keys["meta"], keys["state"]], [ttl, blob, *pairs],
+                    lambda pipe: pipe.zadd(self._live_key(model), {session_id: now + ttl})
+                    .zremrangebyscore(self._live_key(model), "-inf", now),  # prune idle-expired ones here
+                )
+        except BaseException:
+            await self._forget(session_id, quota, model)
+            raise
         return SessionMeta.from_hash(
             session_id, {k.encode(): str(v).encode() for k, v in fields.items()}, ttl
         )
 
-    async def _check_session_quota(self, owner: str, now: float) -> None:
-        key = self._owner_key(owner)
-        with self.store.unavailable_as_error():
-            await self.redis.zremrangebyscore(key, "-inf", now)
-            members = [m.decode() for m in await self.redis.zrange(key, 0, -1)]
-            if len(members) < self.settings.max_sessions_per_key:
-                return
+    async def _forget(self, session_id: str, quota: str, model: str) -> None:
+        """Best effort after a failed create: remove whatever of it may have reached Redis."""
+        try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                for member in members:
-                    pipe.exists(self.store.key(member, "meta"))
-                alive = await pipe.execute()
-            gone = [m for m, exists in zip(members, alive, strict=True) if not exists]
-            if gone:
-                await self.redis.zrem(key, *gone)
-            if len(members) - len(gone) >= self.settings.max_sessions_per_key:
-                raise SessionLimit(
-                    f"this API key holds {len(members) - len(gone)} live sessions, the limit is "
-                    f"{self.settings.max_sessions_per_key}: finish or DELETE some first"
-                )
+                pipe.delete(*self._keys(session_id).values())
+                pipe.zrem(self._owner_key(quota), session_id).zrem(self._live_key(model), session_id)
+                await pipe.execute()
+        except Exception:  # Redis is gone: the reservation lapses with the idle TTL, counted until then
+            pass
 
     async def meta(self, session_id: str, owner: str) -> SessionMeta:
         keys = self._keys(session_id)
@@ -298,7 +340,7 @@ class SessionStore:
         token = f"{seq}:{secrets.token_hex(8)}"
         with self.store.unavailable_as_error(), self.metrics.time_redis("begin"):
             reply = await self._begin(keys=[keys["meta"], keys["state"], keys["result"], keys["lock"]],
-                                      args=[seq, owner, token, LOCK_MILLISECONDS])
+                                      args=[seq, owner, token, self.lock_ms])
         if not reply or reply[2] is None:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         fields, ttl, blob, result, locked = reply
@@ -333,7 +375,8 @@ class SessionStore:
             # the live index sits outside the session's hash slot: its own command, in the same round trip
             reply = await self._script_with(
                 self._commit, commit_keys, args,
-                lambda pipe: pipe.zadd(self._live_key(meta.model), {meta.id: idle_expiry}, xx=True),
+                lambda pipe: pipe.zadd(self._live_key(meta.model), {meta.id: idle_expiry}, xx=True)
+                .zadd(self._owner_key(meta.quota), {meta.id: idle_expiry}, xx=True),
             )
         outcome = int(reply[0])
         return outcome, (SessionMeta.from_hash(meta.id, reply[1], int(reply[2])) if outcome == 1 else None)
@@ -347,7 +390,11 @@ class SessionStore:
         keys = self._keys(meta.id)
         args = [meta.seq, json.dumps(result), self._ttl(meta.deadline)]
         with self.store.unavailable_as_error(), self.metrics.time_redis("finish"):
-            reply = await self._script_with(self._finish, [keys["meta"], keys["result"]], args, lambda pipe: None)
+            idle_expiry = time.time() + self._ttl(meta.deadline)
+            reply = await self._script_with(
+                self._finish, [keys["meta"], keys["result"]], args,
+                lambda pipe: pipe.zadd(self._owner_key(meta.quota), {meta.id: idle_expiry}, xx=True),
+            )
             outcome = int(reply[0])
             if outcome == 1:
                 await self.redis.zrem(self._live_key(meta.model), meta.id)
@@ -375,18 +422,47 @@ class SessionStore:
         with self.store.unavailable_as_error(), self.metrics.time_redis("delete"):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.delete(*keys.values())
-                pipe.zrem(self._owner_key(owner), session_id).zrem(self._live_key(meta.model), session_id)
+                pipe.zrem(self._owner_key(meta.quota), session_id).zrem(self._live_key(meta.model), session_id)
                 await pipe.execute()
 
-    async def wait_for(self, session_id: str, owner: str, seq: int, timeout: float = LOCK_MILLISECONDS / 1000) -> None:
-        """Wait until another replica has applied ``seq`` (or its lock lapsed)."""
+    async def refresh(self, session_id: str, token: str) -> bool:
+        """Extend our lock's lease; False when it is no longer ours."""
+        with self.store.unavailable_as_error():
+            return bool(await self._refresh(keys=[self._keys(session_id)["lock"]], args=[token, self.lock_ms]))
+
+    @asynccontextmanager
+    async def holding(self, session_id: str, token: str) -> AsyncIterator[None]:
+        """Keep the lock's lease alive while the body runs (a step may outlast one lease)."""
+
+        async def keep() -> None:
+            while True:
+                await asyncio.sleep(self.lock_ms / 3000)
+                try:
+                    if not await self.refresh(session_id, token):
+                        return  # lost it: the commit's compare-and-set still decides
+                except StateStoreUnavailable:
+                    pass  # try again at the next beat
+
+        keeper = asyncio.create_task(keep())
+        try:
+            yield
+        finally:
+            keeper.cancel()
+
+    async def wait_for(self, session_id: str, seq: int, timeout: float = WAIT_SECONDS) -> None:
+        """Wait until the lock's holder has applied ``seq``, or its lock is gone (released, or lapsed with it).
+
+        Polls one pipelined read with backoff (5 ms doubling to 100 ms), sleeping no longer than the
+        lock's remaining lease, so a dead holder delays the piece by at most one lease.
+        """
         deadline = time.monotonic() + timeout
-        lock = self._keys(session_id)["lock"]
+        keys = self._keys(session_id)
+        pause = 0.005
         while time.monotonic() < deadline:
-            meta = await self.meta(session_id, owner)
-            if meta.seq >= seq:
-                return
             with self.store.unavailable_as_error():
-                if not await self.redis.exists(lock):
-                    return
-            await asyncio.sleep(0.01)
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    current, lease_ms = await pipe.hget(keys["meta"], "seq").pttl(keys["lock"]).execute()
+            if current is None or int(current) >= seq or lease_ms < 0:
+                return
+            await asyncio.sleep(min(pause, lease_ms / 1000 + 0.001))
+            pause = min(pause * 2, 0.1)

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     )
     redis_key_prefix: str = Field("rtserve", description="Namespace of every Redis key the service writes.")
     redis_timeout_seconds: float = Field(2.0, gt=0, description="Socket timeout for Redis operations.")
+    redis_max_connections: int = Field(
+        256, ge=1, description="Redis connections per replica; a request waits for a free one (never fails at once)."
+    )
+    redis_pool_timeout_seconds: float = Field(
+        10.0, gt=0, description="Longest wait for a free Redis connection before answering 503."
+    )
     embedded_redis_dir: Path | None = Field(
         None, description="Where the embedded Redis keeps its socket and files (default: a temporary folder)."
     )
@@ -40,7 +46,14 @@ class Settings(BaseSettings):
     max_text_chars: int = Field(200_000, ge=1, description="Longest accepted text, in characters (422 above).")
     max_rows: int = Field(100_000, ge=1, description="Most series rows accepted in one request (422 above).")
     max_segments_per_session: int = Field(10_000, ge=1, description="Most pieces one session may receive (429).")
-    max_sessions_per_key: int = Field(1_000, ge=1, description="Most live sessions one API key may hold (429).")
+    max_sessions_per_key: int = Field(
+        1_000, ge=1,
+        description="Most live sessions one API key (without keys: one client address) may hold (429).",
+    )
+    session_lock_seconds: float = Field(
+        1.0, gt=0, le=60,
+        description="Lease of the lock a replica holds while it computes a piece; refreshed while the step runs.",
+    )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Accepted API keys (JSON list or comma-separated). Empty: no authentication.",
@@ -87,6 +100,12 @@ class Settings(BaseSettings):
     default_models: dict[str, str] = Field(
         default_factory=dict,
         description='Default model per task as JSON, e.g. {"summarize": "srformer-news"}.',
+    )
+    request_read_timeout_seconds: float = Field(
+        10.0, gt=0, description="Time a client has to send a request's headers, and again its body (408 / closed)."
+    )
+    keep_alive_timeout_seconds: float = Field(
+        5.0, gt=0, description="An idle keep-alive connection is closed after this long."
     )
     shutdown_timeout_seconds: float = Field(10.0, ge=0, description="Grace period for in-flight requests.")
     log_level: str = Field("info", description="uvicorn / service log level.")

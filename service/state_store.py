@@ -12,14 +12,25 @@ from contextlib import contextmanager
 
 import numpy as np
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.tensor_codec import decode_tensors, encode_tensors
 
 
 class StateStoreUnavailable(RuntimeError):
-    """Redis could not be reached; the caller should retry later (HTTP 503)."""
+    """Redis could not be reached or refused the write; the caller should retry later (HTTP 503).
+
+    The outcome of the request is unknown (a command may have been applied before the connection
+    broke): the message says so, and retrying the same request is safe.
+    """
+
+
+class StateStoreOutOfMemory(StateStoreUnavailable):
+    """Redis refused a write at ``maxmemory`` (policy ``noeviction``): nothing was written."""
 
 
 def _describe(url: str) -> str:
@@ -40,14 +51,27 @@ class StateStore:
         self.prefix = prefix
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "rtserve", timeout_seconds: float = 2.0) -> StateStore:
-        client = aioredis.Redis.from_url(
+    def from_url(
+        cls, url: str, prefix: str = "rtserve", timeout_seconds: float = 2.0, max_connections: int = 256,
+        pool_timeout_seconds: float = 10.0,
+    ) -> StateStore:
+        """A client whose pool, when all ``max_connections`` are busy, makes a request wait for one.
+
+        redis-py's default pool raises at once when full, which turned ordinary bursts into false 503s.
+        A broken connection (a pooled socket that a restarted Redis closed) is retried twice on a fresh
+        one: every write the service sends is idempotent when repeated (compare-and-set scripts,
+        ZADD/SET of the same values), so a repeat can never apply a piece twice.
+        """
+        pool = aioredis.BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=pool_timeout_seconds,
             socket_timeout=timeout_seconds,
             socket_connect_timeout=timeout_seconds,
             decode_responses=False,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2, supported_errors=(RedisConnectionError,)),
         )
-        return cls(client, url, prefix)
+        return cls(aioredis.Redis.from_pool(pool), url, prefix)
 
     def key(self, session_id: str, part: str) -> str:
         """``<prefix>:{<session-id>}:<part>`` — the braces pin a session to one cluster hash slot."""
@@ -60,10 +84,34 @@ class StateStore:
             yield
         except REDIS_DOWN_ERRORS as error:
             raise StateStoreUnavailable(f"Redis at {_describe(self.url)} is unreachable: {error}") from error
+        except ResponseError as error:  # OutOfMemoryError, or EXECABORT of a transaction for the same reason
+            if not isinstance(error, OutOfMemoryError) and "maxmemory" not in str(error):
+                raise
+            raise StateStoreOutOfMemory(
+                f"Redis at {_describe(self.url)} is out of memory (maxmemory reached) and refused the write"
+            ) from error
 
     async def ping(self) -> bool:
         with self.unavailable_as_error():
             return bool(await self.client.ping())
+
+    async def check_writable(self) -> list[str]:
+        """A short-lived write (out of memory raises :class:`StateStoreOutOfMemory`), then what to warn about.
+
+        Sessions must never be evicted: any ``maxmemory-policy`` but ``noeviction`` can drop a session's
+        keys one by one, leaving half a session. Warns (does not fail) when Redis is set so.
+        """
+        with self.unavailable_as_error():
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.set(f"{self.prefix}:readyz", b"1", px=1000).info("memory")
+                _, memory = await pipe.execute()
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        if isinstance(memory.get("maxmemory_policy"), bytes):
+            policy = memory["maxmemory_policy"].decode()
+        if policy != "noeviction":
+            return [f"Redis maxmemory-policy is {policy}: it may evict sessions (whole or in part); "
+                    "rtserve requires noeviction"]
+        return []
 
     async def put_tensors(
         self,

@@ -171,7 +171,7 @@ def test_redis_down_is_503_with_retry_after(repository):
     with make_client(repository[0], "redis://127.0.0.1:1/0", "x", redis_timeout_seconds=0.3) as client:
         response = client.post("/sessions", json={"task": "forecast"})
         assert response.status_code == 503 and response.headers["Retry-After"]
-        assert "nothing was changed" in response.json()["detail"]
+        assert "outcome of this request is unknown" in response.json()["detail"]
 
 
 def test_metrics_cover_requests_batching_sessions_and_redis(client):

@@ -18,8 +18,8 @@ router = APIRouter(tags=["classify"])
 async def classify(
     body: ClassifyRequest, request: Request, registry: RegistryDep, settings: SettingsDep, owner: OwnerDep
 ) -> ClassifyResponse:
+    check_text(body.text, settings)  # the input first: a 422 says what to change whatever the model
     model = registry.resolve(body.model, "classify")
     request.state.model = model.ref
-    check_text(body.text, settings)
     _, finished = await run_whole(model.pipeline, body.text)
     return ClassifyResponse(model=model.ref, **finished.result)

@@ -24,6 +24,12 @@ class Readiness(BaseModel):
     redis: str = Field(description="`ok` or why Redis cannot be used.", examples=["ok"])
     models_loaded: int = Field(description="How many models are loaded and can serve.", examples=[5])
     models_expected: int = Field(description="How many models the repository holds.", examples=[5])
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Settings that endanger sessions without making the service unready (e.g. a Redis "
+        "maxmemory-policy other than noeviction).",
+        examples=[[]],
+    )
 
 
 @router.get("/healthz", response_model=Health, summary="The process is alive")
@@ -34,12 +40,13 @@ async def healthz() -> Health:
 @router.get(
     "/readyz",
     response_model=Readiness,
-    summary="Redis is reachable and every model in the repository is loaded",
+    summary="Redis is reachable and accepts writes, and every model in the repository is loaded",
     responses={503: {"model": Readiness, "description": "Not ready: see `redis` and `models_loaded`."}},
 )
 async def readyz(request: Request, response: Response, store: StoreDep) -> Readiness:
+    warnings: list[str] = []
     try:
-        await store.ping()
+        warnings = await store.check_writable()
         redis_status = "ok"
     except StateStoreUnavailable as error:
         redis_status = str(error)
@@ -51,7 +58,8 @@ async def readyz(request: Request, response: Response, store: StoreDep) -> Readi
         response.status_code = 503
         response.headers["Retry-After"] = "1"
     return Readiness(
-        status="ready" if ready else "unavailable", redis=redis_status, models_loaded=loaded, models_expected=expected
+        status="ready" if ready else "unavailable", redis=redis_status, models_loaded=loaded,
+        models_expected=expected, warnings=warnings,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from sse_starlette import EventSourceResponse
 
-from service.auth import OwnerDep
+from service.auth import OwnerDep, QuotaDep
 from service.dependencies import FlowDep, RegistryDep, SettingsDep
 from service.errors import ERROR_RESPONSES, check_rows, check_text
 from service.runtime.pipeline import InputError
@@ -34,13 +34,13 @@ def info(meta: SessionMeta) -> SessionInfo:
 @router.post("", response_model=SessionInfo, status_code=201, responses=ERROR_RESPONSES,
              summary="Open a session for a task or a model")
 async def create_session(
-    body: SessionCreate, request: Request, registry: RegistryDep, flow: FlowDep, owner: OwnerDep
+    body: SessionCreate, request: Request, registry: RegistryDep, flow: FlowDep, owner: OwnerDep, quota: QuotaDep
 ) -> SessionInfo:
     if body.task is None and body.model is None:
         raise InputError("name a `task` (classify, summarize, forecast) or a `model`")
     model = registry.resolve(body.model, body.task)
     request.state.model = model.ref
-    return info(await flow.create(model, owner))
+    return info(await flow.create(model, owner, quota))
 
 
 @router.get("/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES, summary="Session status")

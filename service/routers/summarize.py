@@ -20,9 +20,9 @@ router = APIRouter(tags=["summarize"])
 async def summarize(
     body: SummarizeRequest, request: Request, registry: RegistryDep, settings: SettingsDep, owner: OwnerDep
 ) -> SummarizeResponse | EventSourceResponse:
+    check_text(body.text, settings)  # the input first: a 422 says what to change whatever the model
     model = registry.resolve(body.model, "summarize")
     request.state.model = model.ref
-    check_text(body.text, settings)
     stream = wants_event_stream(request, body.stream)
     options = {"max_length": body.max_length, "beam_size": body.beam_size}
     _, finished = await run_whole(model.pipeline, body.text, stream=stream, options=options)
