@@ -22,10 +22,10 @@ def drive(search, table):
     return search.result()
 
 
-def markov_table(rng, vocab, eos_column):
+def markov_table(rng, vocab, eos_column, eos_penalty=2.0):
     """A fixed random bigram model over ``vocab`` columns (last token -> log-probabilities)."""
     logits = rng.standard_normal((max(vocab) + 1, len(vocab))) * 3
-    logits[:, eos_column] -= 2.0
+    logits[:, eos_column] -= eos_penalty
     logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
 
     def table(tokens, t):
@@ -34,12 +34,16 @@ def markov_table(rng, vocab, eos_column):
     return table
 
 
-def test_beam_search_of_one_beam_is_greedy_and_every_search_keeps_the_no_repeat_rule():
+def test_one_beam_that_never_ends_is_greedy_and_every_search_keeps_the_no_repeat_rule():
     rng = np.random.default_rng()
     vocab = np.array([2, 5, 7, 9, 11, 13], dtype=np.int64)  # sorted ids; 2 is [SEP]
+    never_ends = markov_table(rng, vocab.tolist(), eos_column=0, eos_penalty=60.0)  # [SEP] never wins
+    greedy = drive(GreedySearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=2), never_ends)
+    # one beam that never meets [SEP] follows the best token of every step: the greedy path
+    assert drive(BeamSearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=2, beams=1), never_ends) == greedy
+    assert 0 < len(greedy) <= 12
     table = markov_table(rng, vocab.tolist(), eos_column=0)
     greedy = drive(GreedySearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=2), table)
-    assert drive(BeamSearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=2, beams=1), table) == greedy
     assert all(token in vocab and token != 2 for token in greedy) and len(greedy) <= 12
 
     wide = drive(BeamSearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=2, beams=4), table)
