@@ -24,6 +24,12 @@ Protocol
      p50/p90/p99 of the whole-session time.
    - ``articles``: 32 different BBC test articles, ``POST /summarize`` all at once vs one after
      another, default decoding settings; decode tokens/s = sum of ``summary_tokens`` / wall time.
+   - ``decode``: 32 different BBC test articles read into summarization sessions (pieces that close
+     whole encoder windows, one or two per article, so the finish has almost nothing left to encode;
+     untimed), then every session's ``finish`` all at once vs one after another: decode tokens/s =
+     sum of ``summary_tokens`` / wall time of the finishes. This is the decoder's throughput, which
+     continuous batching across documents is for; ``articles`` also times the encoder (MiniLM over
+     each 510-token window), which on a CPU is compute-bound and gains nothing from batching.
    - ``rsa``: 32 forecast sessions (ETTh1 rows, equal pieces) all at once vs one after another,
      create -> pieces -> finish; pieces/s.
    - ``gpu``: where NVML sees a GPU, per model: segments/s and J/segment at 1 and 32 sessions
@@ -69,7 +75,7 @@ from loadtest.bench_report import check_targets, machine_info, machine_slug, wri
 
 log = logging.getLogger("rtserve.bench")
 
-SCENARIOS = ("e2e", "throughput", "latency", "articles", "rsa", "gpu")
+SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "gpu")
 SEGMENT_ROUTE = "/sessions/{session_id}/segments"
 SEGMENT_ROUTE_REDIS_OPERATIONS = ("begin", "commit")
 HOST = "127.0.0.1"
@@ -319,11 +325,11 @@ async def whole_session(client: Client, model: str, session: SessionInput) -> fl
 class OfflineSteps:
     """The RMT entry's ``step`` graph loaded here with the service's backend and thread settings."""
 
-    def __init__(self, entry: Path, manifest: Mapping[str, Any], backend: str, threads: int) -> None:
+    def __init__(self, entry: Path, manifest: Mapping[str, Any], backend: str, threads: int, spinning: bool) -> None:
         from service.runtime.backends import load_backends
         from service.runtime.pipeline import load_initial_state
 
-        self.step = load_backends(entry, manifest, backend, threads)["step"]
+        self.step = load_backends(entry, manifest, backend, threads, spinning=spinning)["step"]
         self.memory = load_initial_state(entry)["memory"]  # (1, m, d)
 
     def _run(self, memory: np.ndarray, segments: list[inputs.Segment]) -> np.ndarray:
@@ -360,6 +366,7 @@ class Bench:
     counts: Counts
     repeats: int
     intra_op_threads: int
+    intra_op_spinning: bool
     models: dict[str, dict[str, Any]]  # task -> GET /models description of the model measured
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # scenario -> why it could not finish
@@ -521,6 +528,58 @@ async def run_articles(bench: Bench) -> dict[str, Any]:
     }
 
 
+async def finish_all(client: Client, ids: list[str], concurrent: bool) -> tuple[float, int]:
+    """Wall time and summary tokens of finishing every session, all at once or one after another."""
+    started = time.perf_counter()
+    if concurrent:
+        answers = await asyncio.gather(*(client.post(f"/sessions/{i}/finish") for i in ids))
+    else:
+        answers = [await client.post(f"/sessions/{i}/finish") for i in ids]
+    seconds = time.perf_counter() - started
+    return seconds, sum(int(answer["result"]["summary_tokens"]) for answer in answers)
+
+
+async def read_documents(client: Client, model: str, sessions: list[SessionInput]) -> list[str]:
+    """Open a session per document and send its pieces (untimed); the session ids."""
+    ids = await asyncio.gather(*(open_session(client, model) for _ in sessions))
+    for session_id, session in zip(ids, sessions, strict=True):
+        await send_pieces(client, session_id, session)
+    return list(ids)
+
+
+async def run_decode(bench: Bench) -> dict[str, Any]:
+    model = bench.ref("summarize")
+    entry, manifest = bench.entry("summarize")
+    texts = inputs.bbc_texts(bench.data, bench.counts.articles * 4)
+    sessions = inputs.decode_sessions(entry, manifest, texts, bench.counts.articles)
+    await finish_all(bench.client, await read_documents(bench.client, model, sessions[:1]), False)  # warm-up
+    repeats = []
+    for repeat in range(bench.repeats):
+        row: dict[str, Any] = {}
+        for concurrent in in_turn(repeat, True, False):
+            ids = await read_documents(bench.client, model, sessions)
+            await bench.settle()
+            seconds, tokens = await finish_all(bench.client, ids, concurrent)
+            await asyncio.gather(*(close_session(bench.client, session_id) for session_id in ids))
+            name = "concurrent" if concurrent else "sequential"
+            row[f"{name}_tokens_per_second"], row[f"{name}_summary_tokens"] = tokens / seconds, tokens
+        row["ratio"] = row["concurrent_tokens_per_second"] / row["sequential_tokens_per_second"]
+        log.info("  repeat %d: %.1f vs %.1f decode tokens/s", repeat + 1, row["concurrent_tokens_per_second"],
+                 row["sequential_tokens_per_second"])
+        repeats.append(row)
+    concurrent_rate = median([r["concurrent_tokens_per_second"] for r in repeats])
+    sequential_rate = median([r["sequential_tokens_per_second"] for r in repeats])
+    return {
+        "model": model,
+        "articles": len(sessions),
+        "windows": [len(s.pieces) for s in sessions],
+        "concurrent_tokens_per_second": concurrent_rate,
+        "sequential_tokens_per_second": sequential_rate,
+        "ratio": concurrent_rate / sequential_rate,
+        "repeats": repeats,
+    }
+
+
 async def forecast_flows(client: Client, model: str, sessions: list[SessionInput], concurrent: bool) -> float:
     """Wall time of create -> pieces -> finish for every session, all at once or one after another."""
 
@@ -629,7 +688,8 @@ def service_settings(repository: Path) -> Any:
 
 
 def settings_in_effect(settings: Any) -> dict[str, Any]:
-    shown = ("backend", "model_backends", "intra_op_threads", "max_batch_size", "max_queue_delay_ms", "log_level")
+    shown = ("backend", "model_backends", "intra_op_threads", "intra_op_spinning", "max_batch_size",
+             "max_queue_delay_ms", "log_level")
     in_effect: dict[str, Any] = {name: getattr(settings, name) for name in shown}
     in_effect["redis"] = "embedded"
     in_effect["api_keys"] = "set" if settings.api_keys else "none"
@@ -663,7 +723,8 @@ async def run_classify_scenarios(bench: Bench, only: Sequence[str]) -> dict[str,
     texts = inputs.hyperpartisan_texts(bench.data)
     needed = max((*bench.counts.sessions, bench.counts.e2e_sessions))
     sessions = inputs.classify_sessions(entry, manifest, texts, needed, bench.counts.pieces)
-    offline = OfflineSteps(entry, manifest, bench.models["classify"]["backend"], bench.intra_op_threads)
+    offline = OfflineSteps(entry, manifest, bench.models["classify"]["backend"], bench.intra_op_threads,
+                           bench.intra_op_spinning)
     scenarios: dict[str, Any] = {}
     if "e2e" in only:
         log.info("e2e: 1 session, %d pieces x %d sessions", bench.counts.pieces, bench.counts.e2e_sessions)
@@ -694,6 +755,13 @@ async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
         else:
             log.info("articles: %d BBC articles", bench.counts.articles)
             await attempt(bench, scenarios, "articles", run_articles(bench))
+    if "decode" in only:
+        reason = why_not(bench, "summarize", "summarization model")
+        if reason:
+            bench.skipped["decode"] = reason
+        else:
+            log.info("decode: %d BBC articles read into sessions, then finished", bench.counts.articles)
+            await attempt(bench, scenarios, "decode", run_decode(bench))
     if "rsa" in only:
         reason = why_not(bench, "forecast", "RSA forecaster")
         if reason:
@@ -724,7 +792,8 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
         await server.wait_ready(client, options.startup_timeout)
         described = await client.models()
         bench = Bench(client, options.model_repository, options.data, counts, options.repeats,
-                      int(settings["intra_op_threads"]), pick_models(described, options.forecast_model))
+                      int(settings["intra_op_threads"]), bool(settings["intra_op_spinning"]),
+                      pick_models(described, options.forecast_model))
         scenarios = await run_scenarios(bench, options.only, meter, described)
     finally:
         await client.close()

@@ -4,7 +4,8 @@
   segment, so each piece the server receives triggers exactly one ``step``. The cut is found with
   the model's own tokenizer and the same :class:`SegmentCutter` the classify pipeline runs, and the
   segments it yields (token ids and mask) are kept: the offline measurement steps the very same ones.
-- Summarization: BBC News test articles, one ``/summarize`` body each.
+- Summarization: BBC News test articles, one ``/summarize`` body each; and, for the decode
+  scenario, sessions whose pieces close whole encoder windows (one or two per article).
 - Forecasting: ETTh1 test rows, pieces of equal length (so the batcher may stack them).
 - Summarization sessions (GPU rows only): pieces that each close one encoder window.
 """
@@ -114,6 +115,28 @@ def summarize_sessions(
         if len(prepared) == sessions:
             return prepared
     raise ValueError(f"only {len(prepared)} of the documents yield {count} encoder windows; {sessions} needed")
+
+
+def decode_sessions(
+    entry: Path, manifest: Mapping[str, Any], texts: list[str], sessions: int
+) -> list[SessionInput]:
+    """Summarization sessions of different source lengths (one or two whole encoder windows, alternately)
+    whose pieces close every window, so that a finish encodes at most a few trailing tokens and is,
+    in the main, the summary's decoding."""
+    settings = manifest["settings"]
+    windows = int(settings["max_windows"])
+    if int(settings["max_source"]):
+        windows = min(windows, int(settings["max_source"]) // int(settings["encoder_window"]))
+    cutter = cutter_for(entry, manifest, int(settings["encoder_window"]) + 2, int(settings["max_windows"]))
+    prepared: list[SessionInput] = []
+    for text in texts:
+        count = 1 + len(prepared) % max(windows, 1)
+        cut, _ = one_segment_pieces(cutter, text, count)
+        if len(cut) == count:
+            prepared.append(SessionInput([piece_body(seq, "text", p) for seq, p in enumerate(cut, start=1)]))
+        if len(prepared) == sessions:
+            return prepared
+    raise ValueError(f"only {len(prepared)} of the documents yield whole encoder windows; {sessions} needed")
 
 
 def forecast_sessions(

@@ -1,4 +1,8 @@
-"""Shared things handlers receive through ``Depends``."""
+"""Shared things handlers receive through ``Depends``.
+
+Each getter is ``async def`` although it only reads ``app.state``: FastAPI runs a plain ``def``
+dependency in its thread pool, a thread hop per dependency per request.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +17,15 @@ from service.settings import Settings
 from service.state_store import StateStore
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> StateStore:
+async def get_store(request: Request) -> StateStore:
     return request.app.state.store
 
 
-def get_metrics(request: Request) -> ServiceMetrics:
+async def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
@@ -30,11 +34,11 @@ StoreDep = Annotated[StateStore, Depends(get_store)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 
 
-def get_registry(request: Request) -> ModelRegistry:
+async def get_registry(request: Request) -> ModelRegistry:
     return request.app.state.models
 
 
-def get_flow(request: Request) -> SessionFlow:
+async def get_flow(request: Request) -> SessionFlow:
     return request.app.state.flow
 
 

@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(
         0, ge=0, description="Threads per model graph on the CPU (ONNX Runtime intra-op; torch). 0: runtime default."
     )
+    intra_op_spinning: bool = Field(
+        False, description="Let ONNX Runtime's intra-op threads busy-wait between ops (its own default). Off: on a "
+        "CPU shared with the event loop and other models, spinning threads take the cores those need.",
+    )
     model_backends: dict[str, str] = Field(
         default_factory=dict,
         description='Backend per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "torch"}.',

@@ -18,7 +18,7 @@ from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 NEEDED = ("hyperpartisan", "bbc-news-summary", "ETT-small")
-SERVED_SCENARIOS = ("e2e", "throughput", "latency", "articles", "rsa")
+SERVED_SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa")
 
 
 def _finite_positive(value):
@@ -67,6 +67,7 @@ def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the
         latency = scenarios["latency"][count]
         assert 0 < latency["p50_ms"] <= latency["p90_ms"] <= latency["p99_ms"] <= latency["max_ms"]
     for name, keys in (("articles", ("concurrent_tokens_per_second", "sequential_tokens_per_second", "ratio")),
+                       ("decode", ("concurrent_tokens_per_second", "sequential_tokens_per_second", "ratio")),
                        ("rsa", ("concurrent_pieces_per_second", "sequential_pieces_per_second", "ratio"))):
         for key in keys:
             assert _finite_positive(scenarios[name][key]), (name, key, scenarios[name])

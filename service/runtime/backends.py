@@ -64,13 +64,21 @@ def fp16_onnx_model(path: str | Path) -> bytes:
     return model.SerializeToString()
 
 
-def onnx_session(path: str | Path, intra_op_threads: int = 0, device: str = "cpu", precision: str = "fp32") -> Any:
-    """An ONNX Runtime session with full graph optimization on ``device``, fp32 or (converted) fp16."""
+def onnx_session(
+    path: str | Path, intra_op_threads: int = 0, device: str = "cpu", precision: str = "fp32", spinning: bool = False
+) -> Any:
+    """An ONNX Runtime session with full graph optimization on ``device``, fp32 or (converted) fp16.
+
+    ``spinning``: let the intra-op threads busy-wait between ops (ONNX Runtime's default). Off here by
+    default: on a CPU that the event loop and other models share, spinning threads take the cores
+    they need (measured with ``rtserve bench``: docs/serving.md)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = intra_op_threads
+    if not spinning:  # idle pool threads sleep instead of busy-waiting for the next op
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = onnx_providers_for(device)
     graph = fp16_onnx_model(path) if precision == "fp16" else str(path)
     session = ort.InferenceSession(graph, sess_options=options, providers=providers)
@@ -100,10 +108,10 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(self, path: Path, graph: Mapping[str, Any], intra_op_threads: int = 0, device: str = "cpu",
-                 precision: str = "fp32", convert: bool = True) -> None:
+                 precision: str = "fp32", convert: bool = True, spinning: bool = False) -> None:
         """``convert``: lower an fp32 graph to ``precision`` at load (False: the file is already in it)."""
         self.device, self.precision = device, precision
-        self.session = onnx_session(path, intra_op_threads, device, precision if convert else "fp32")
+        self.session = onnx_session(path, intra_op_threads, device, precision if convert else "fp32", spinning)
         self.providers = list(self.session.get_providers())
         self.io_binding = device != "cpu"
         # the exporter drops inputs a graph never reads (e.g. the RAF state of a full-attention
@@ -188,9 +196,10 @@ def load_backends(
     intra_op_threads: int = 0,
     device: str = "cpu",
     precision: str = "fp32",
+    spinning: bool = False,
 ) -> dict[str, Backend]:
     """One backend per graph of the entry on a resolved ``device`` ("cpu", "cuda:N") in ``precision``;
-    ``intra_op_threads`` > 0 caps each graph's CPU threads.
+    ``intra_op_threads`` > 0 caps each graph's CPU threads; ``spinning`` lets ONNX Runtime's busy-wait.
 
     An entry exported in fp16 (``rtserve export --fp16``: float16 inputs, outputs and state) runs as
     it is, in fp16, whether ``precision`` says fp32 (the default) or fp16.
@@ -223,7 +232,8 @@ def load_backends(
             raise FileNotFoundError(f"{entry} has no {backend} export of graph {graph['name']!r}")
         if backend == "onnx":
             loaded[graph["name"]] = OnnxBackend(
-                entry / file_name, graph, intra_op_threads, device, precision, convert=exported == "fp32"
+                entry / file_name, graph, intra_op_threads, device, precision, convert=exported == "fp32",
+                spinning=spinning,
             )
         else:
             loaded[graph["name"]] = TorchScriptBackend(entry / file_name, graph, device, precision)

@@ -99,7 +99,8 @@ def load_model(
     manifest = json.loads((entry / "manifest.json").read_text())
     name, version = name or manifest["name"], version or manifest["version"]
     device, precision = placement(name, backend, settings)
-    backends = load_backends(entry, manifest, backend, settings.intra_op_threads, device, precision)
+    backends = load_backends(entry, manifest, backend, settings.intra_op_threads, device, precision,
+                             spinning=settings.intra_op_spinning)
     precision = next(iter(backends.values())).precision  # an entry exported in fp16 runs in fp16
     max_batch_size = settings.batch_size_for(name, device)
     runners: dict[str, DynamicBatcher | DecodeLoop] = {}
