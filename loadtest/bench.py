@@ -24,10 +24,12 @@ Protocol
      p50/p90/p99 of the whole-session time.
    - ``articles``: 32 different BBC test articles, ``POST /summarize`` all at once vs one after
      another, default decoding settings; decode tokens/s = sum of ``summary_tokens`` / wall time.
-   - ``decode``: 32 different BBC test articles read into summarization sessions (pieces that close
-     whole encoder windows, one or two per article, so the finish has almost nothing left to encode;
-     untimed), then every session's ``finish`` all at once vs one after another: decode tokens/s =
-     sum of ``summary_tokens`` / wall time of the finishes. This is the decoder's throughput, which
+   - ``decode``: 32 different documents read into summarization sessions (untimed), each one or two
+     whole 510-token encoder windows of BBC test articles (an article, then the next ones, until the
+     windows are full: most BBC articles are shorter than one window), sent in pieces that close the
+     windows, so the finish has almost nothing left to encode; then every session's ``finish`` all
+     at once vs one after another: decode tokens/s = sum of ``summary_tokens`` / wall time of the
+     finishes. This is the decoder's throughput, which
      continuous batching across documents is for; ``articles`` also times the encoder (MiniLM over
      each 510-token window), which on a CPU is compute-bound and gains nothing from batching.
    - ``rsa``: 32 forecast sessions (ETTh1 rows, equal pieces) all at once vs one after another,
@@ -712,7 +714,7 @@ async def attempt(bench: Bench, scenarios: dict[str, Any], name: str, run: Corou
     """Run one scenario; a failed request fails that scenario only, and the report says why."""
     try:
         scenarios[name] = await run
-    except BenchError as error:
+    except (BenchError, ValueError) as error:  # a failed request, or inputs the data cannot give
         log.error("%s failed: %s", name, error)
         bench.failed[name] = str(error)
 

@@ -122,15 +122,17 @@ def decode_sessions(
 ) -> list[SessionInput]:
     """Summarization sessions of different source lengths (one or two whole encoder windows, alternately)
     whose pieces close every window, so that a finish encodes at most a few trailing tokens and is,
-    in the main, the summary's decoding."""
+    in the main, the summary's decoding. Document ``i`` is article ``i`` followed by the next ones,
+    as far as its windows reach (most BBC articles are shorter than one window)."""
     settings = manifest["settings"]
     windows = int(settings["max_windows"])
     if int(settings["max_source"]):
         windows = min(windows, int(settings["max_source"]) // int(settings["encoder_window"]))
     cutter = cutter_for(entry, manifest, int(settings["encoder_window"]) + 2, int(settings["max_windows"]))
     prepared: list[SessionInput] = []
-    for text in texts:
+    for start in range(len(texts)):
         count = 1 + len(prepared) % max(windows, 1)
+        text = "\n\n".join(texts[start : start + 4 * count])  # consecutive articles: long enough
         cut, _ = one_segment_pieces(cutter, text, count)
         if len(cut) == count:
             prepared.append(SessionInput([piece_body(seq, "text", p) for seq, p in enumerate(cut, start=1)]))

@@ -12,28 +12,14 @@ different sessions stack along it. A whole-input call is a fold of ``step``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from models.tensor_spec import TensorSpec
+
 State = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One named tensor of a state or of a step's input/output.
-
-    ``shape`` uses strings for symbolic axes ("batch", "segment", ...) and
-    ints for fixed sizes.
-    """
-
-    name: str
-    dtype: str  # numpy/torch dtype name: "float32", "int64", ...
-    shape: tuple[int | str, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+__all__ = ["SegmentModel", "State", "TensorSpec", "fold", "split_state", "stack_states"]
 
 
 class SegmentModel(Protocol):

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from models.segment import TensorSpec
+from models.tensor_spec import TensorSpec
 
 CLS_ID, SEP_ID, PAD_ID, UNK_ID = 101, 102, 0, 100  # uncased BERT vocabulary (MiniLM-L6)
 PENDING_BYTES = 1024  # longest text run without a safe cut point kept verbatim
