@@ -62,7 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -506,28 +506,13 @@ async def run_articles(bench: Bench) -> dict[str, Any]:
     texts = [text[: bench.counts.article_chars] for text in inputs.bbc_texts(bench.data, bench.counts.articles)]
     bodies = [json.dumps({"text": text, "model": model}).encode() for text in texts]
     await summarize_all(bench.client, bodies[:1], concurrent=False)  # warm-up, untimed
-    repeats = []
-    for repeat in range(bench.repeats):
-        row: dict[str, Any] = {}
-        for concurrent in in_turn(repeat, True, False):
-            await bench.settle()
-            seconds, tokens = await summarize_all(bench.client, bodies, concurrent)
-            name = "concurrent" if concurrent else "sequential"
-            row[f"{name}_tokens_per_second"], row[f"{name}_summary_tokens"] = tokens / seconds, tokens
-        row["ratio"] = row["concurrent_tokens_per_second"] / row["sequential_tokens_per_second"]
-        log.info("  repeat %d: %.1f vs %.1f decode tokens/s", repeat + 1, row["concurrent_tokens_per_second"],
-                 row["sequential_tokens_per_second"])
-        repeats.append(row)
-    concurrent_rate = median([r["concurrent_tokens_per_second"] for r in repeats])
-    sequential_rate = median([r["sequential_tokens_per_second"] for r in repeats])
-    return {
-        "model": model,
-        "articles": len(bodies),
-        "concurrent_tokens_per_second": concurrent_rate,
-        "sequential_tokens_per_second": sequential_rate,
-        "ratio": concurrent_rate / sequential_rate,
-        "repeats": repeats,
-    }
+
+    async def once(concurrent: bool) -> tuple[float, int]:
+        await bench.settle()
+        return await summarize_all(bench.client, bodies, concurrent)
+
+    rates = await concurrent_vs_sequential(bench, once)
+    return {"model": model, "articles": len(bodies), **rates}
 
 
 async def finish_all(client: Client, ids: list[str], concurrent: bool) -> tuple[float, int]:
@@ -555,14 +540,27 @@ async def run_decode(bench: Bench) -> dict[str, Any]:
     texts = inputs.bbc_texts(bench.data, bench.counts.articles * 4)
     sessions = inputs.decode_sessions(entry, manifest, texts, bench.counts.articles)
     await finish_all(bench.client, await read_documents(bench.client, model, sessions[:1]), False)  # warm-up
+
+    async def once(concurrent: bool) -> tuple[float, int]:
+        ids = await read_documents(bench.client, model, sessions)  # untimed
+        await bench.settle()
+        timed = await finish_all(bench.client, ids, concurrent)
+        await asyncio.gather(*(close_session(bench.client, session_id) for session_id in ids))
+        return timed
+
+    rates = await concurrent_vs_sequential(bench, once)
+    return {"model": model, "articles": len(sessions), "windows": [len(s.pieces) for s in sessions], **rates}
+
+
+async def concurrent_vs_sequential(
+    bench: Bench, once: Callable[[bool], Awaitable[tuple[float, int]]]
+) -> dict[str, Any]:
+    """Summary tokens/s of ``once(concurrent)`` both ways, in alternating order, ``--repeats`` times; medians."""
     repeats = []
     for repeat in range(bench.repeats):
         row: dict[str, Any] = {}
         for concurrent in in_turn(repeat, True, False):
-            ids = await read_documents(bench.client, model, sessions)
-            await bench.settle()
-            seconds, tokens = await finish_all(bench.client, ids, concurrent)
-            await asyncio.gather(*(close_session(bench.client, session_id) for session_id in ids))
+            seconds, tokens = await once(concurrent)
             name = "concurrent" if concurrent else "sequential"
             row[f"{name}_tokens_per_second"], row[f"{name}_summary_tokens"] = tokens / seconds, tokens
         row["ratio"] = row["concurrent_tokens_per_second"] / row["sequential_tokens_per_second"]
@@ -572,9 +570,6 @@ async def run_decode(bench: Bench) -> dict[str, Any]:
     concurrent_rate = median([r["concurrent_tokens_per_second"] for r in repeats])
     sequential_rate = median([r["sequential_tokens_per_second"] for r in repeats])
     return {
-        "model": model,
-        "articles": len(sessions),
-        "windows": [len(s.pieces) for s in sessions],
         "concurrent_tokens_per_second": concurrent_rate,
         "sequential_tokens_per_second": sequential_rate,
         "ratio": concurrent_rate / sequential_rate,
@@ -740,6 +735,14 @@ async def run_classify_scenarios(bench: Bench, only: Sequence[str]) -> dict[str,
     return scenarios
 
 
+# scenario -> (the task it needs a model of, that model in words, the scenario)
+TASK_SCENARIOS: dict[str, tuple[str, str, Callable[[Bench], Coroutine[Any, Any, dict[str, Any]]]]] = {
+    "articles": ("summarize", "summarization model", run_articles),
+    "decode": ("summarize", "summarization model", run_decode),
+    "rsa": ("forecast", "RSA forecaster", run_rsa),
+}
+
+
 async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
                         described: list[dict[str, Any]]) -> dict[str, Any]:
     scenarios: dict[str, Any] = {}
@@ -750,27 +753,16 @@ async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
             bench.skipped |= dict.fromkeys(classify, reason)
         else:
             scenarios |= await run_classify_scenarios(bench, classify)
-    if "articles" in only:
-        reason = why_not(bench, "summarize", "summarization model")
+    for name, (task, wanted, run) in TASK_SCENARIOS.items():
+        if name not in only:
+            continue
+        reason = why_not(bench, task, wanted)
         if reason:
-            bench.skipped["articles"] = reason
-        else:
-            log.info("articles: %d BBC articles", bench.counts.articles)
-            await attempt(bench, scenarios, "articles", run_articles(bench))
-    if "decode" in only:
-        reason = why_not(bench, "summarize", "summarization model")
-        if reason:
-            bench.skipped["decode"] = reason
-        else:
-            log.info("decode: %d BBC articles read into sessions, then finished", bench.counts.articles)
-            await attempt(bench, scenarios, "decode", run_decode(bench))
-    if "rsa" in only:
-        reason = why_not(bench, "forecast", "RSA forecaster")
-        if reason:
-            bench.skipped["rsa"] = reason
-        else:
-            log.info("rsa: %d forecast sessions", bench.counts.rsa_sessions)
-            await attempt(bench, scenarios, "rsa", run_rsa(bench))
+            bench.skipped[name] = reason
+            continue
+        log.info("%s: %d %s", name, bench.counts.rsa_sessions if task == "forecast" else bench.counts.articles,
+                 "forecast sessions" if task == "forecast" else "BBC articles")
+        await attempt(bench, scenarios, name, run(bench))
     if "gpu" in only:
         if meter.available:
             log.info("gpu: every model at 1 and %d sessions", bench.counts.gpu_sessions)
