@@ -97,21 +97,30 @@ def classify_sessions(
     raise ValueError(f"only {len(prepared)} of the documents yield {count} whole segments; {sessions} needed")
 
 
-def summarize_sessions(
-    entry: Path, manifest: Mapping[str, Any], texts: list[str], sessions: int, pieces: int
-) -> list[SessionInput]:
-    """Summarization sessions whose pieces each close one encoder window (one ``encode_window`` step)."""
+def window_cutter(entry: Path, manifest: Mapping[str, Any]) -> tuple[SegmentCutter, int]:
+    """The summarizer's encoder-window cutter and how many whole windows the model reads."""
     settings = manifest["settings"]
     windows = int(settings["max_windows"])
     if int(settings["max_source"]):
         windows = min(windows, int(settings["max_source"]) // int(settings["encoder_window"]))
+    return cutter_for(entry, manifest, int(settings["encoder_window"]) + 2, int(settings["max_windows"])), windows
+
+
+def text_session(pieces: list[str]) -> SessionInput:
+    return SessionInput([piece_body(seq, "text", piece) for seq, piece in enumerate(pieces, start=1)])
+
+
+def summarize_sessions(
+    entry: Path, manifest: Mapping[str, Any], texts: list[str], sessions: int, pieces: int
+) -> list[SessionInput]:
+    """Summarization sessions whose pieces each close one encoder window (one ``encode_window`` step)."""
+    cutter, windows = window_cutter(entry, manifest)
     count = min(pieces, windows)
-    cutter = cutter_for(entry, manifest, int(settings["encoder_window"]) + 2, int(settings["max_windows"]))
     prepared = []
     for text in texts:
         cut, _ = one_segment_pieces(cutter, text, count)
         if len(cut) == count:
-            prepared.append(SessionInput([piece_body(seq, "text", p) for seq, p in enumerate(cut, start=1)]))
+            prepared.append(text_session(cut))
         if len(prepared) == sessions:
             return prepared
     raise ValueError(f"only {len(prepared)} of the documents yield {count} encoder windows; {sessions} needed")
@@ -124,18 +133,14 @@ def decode_sessions(
     whose pieces close every window, so that a finish encodes at most a few trailing tokens and is,
     in the main, the summary's decoding. Document ``i`` is article ``i`` followed by the next ones,
     as far as its windows reach (most BBC articles are shorter than one window)."""
-    settings = manifest["settings"]
-    windows = int(settings["max_windows"])
-    if int(settings["max_source"]):
-        windows = min(windows, int(settings["max_source"]) // int(settings["encoder_window"]))
-    cutter = cutter_for(entry, manifest, int(settings["encoder_window"]) + 2, int(settings["max_windows"]))
+    cutter, windows = window_cutter(entry, manifest)
     prepared: list[SessionInput] = []
     for start in range(len(texts)):
         count = 1 + len(prepared) % max(windows, 1)
         text = "\n\n".join(texts[start : start + 4 * count])  # consecutive articles: long enough
         cut, _ = one_segment_pieces(cutter, text, count)
         if len(cut) == count:
-            prepared.append(SessionInput([piece_body(seq, "text", p) for seq, p in enumerate(cut, start=1)]))
+            prepared.append(text_session(cut))
         if len(prepared) == sessions:
             return prepared
     raise ValueError(f"only {len(prepared)} of the documents yield whole encoder windows; {sessions} needed")

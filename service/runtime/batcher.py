@@ -25,13 +25,13 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.metrics import ServiceMetrics, metered
+from service.metrics import ServiceMetrics
 from service.runtime.backends import Backend
+from service.runtime.graph_runner import GraphRunner
 
 Signature = tuple[tuple[str, tuple[int, ...], str], ...]
 
@@ -49,7 +49,7 @@ class _Pending:
     enqueued: float = field(default_factory=time.perf_counter)
 
 
-class DynamicBatcher:
+class DynamicBatcher(GraphRunner):
     def __init__(
         self,
         backend: Backend,
@@ -59,21 +59,14 @@ class DynamicBatcher:
         max_queue_delay_seconds: float,
         metrics: ServiceMetrics | None = None,
     ) -> None:
-        self.backend = backend
-        self.model, self.graph = model, graph
-        self.max_batch_size = max_batch_size
+        super().__init__(backend, model, graph, max_batch_size, metrics)
         self.max_queue_delay = max_queue_delay_seconds
-        self.metrics = metrics
         self._queue: deque[_Pending] = deque()
-        self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{model}-{graph}")
-        self._worker: asyncio.Task[None] | None = None
         self._last_rows = 0  # rows of the previous batch: how much company to expect
 
     async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one step (batch axis 0, usually of size 1) as part of a batch; returns its own rows."""
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._run_forever())
+        self._ensure_worker()
         arrays = {name: np.asarray(value) for name, value in inputs.items()}
         rows = {array.shape[0] for array in arrays.values()}
         if len(rows) != 1:
@@ -82,15 +75,6 @@ class DynamicBatcher:
         self._queue.append(pending)
         self._wakeup.set()
         return await pending.future
-
-    async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _run_forever(self) -> None:
         while True:
@@ -141,22 +125,16 @@ class DynamicBatcher:
         live = [pending for pending in batch if not pending.future.done()]  # a cancelled caller is skipped
         if not live:
             return
-        started = time.perf_counter()
         stacked = {name: np.concatenate([p.inputs[name] for p in live], axis=0) for name in live[0].inputs}
         rows = sum(p.rows for p in live)
         self._last_rows = rows
         try:
-            with metered(self.metrics, self.backend, self.model, rows):
-                outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, stacked)
+            outputs = await self._run_batch(stacked, rows, [pending.enqueued for pending in live])
         except Exception as error:  # the whole batch failed: every caller learns why
             for pending in live:
                 if not pending.future.done():
                     pending.future.set_exception(error)
             return
-        finished = time.perf_counter()
-        if self.metrics is not None:
-            self.metrics.observe_batch(self.model, self.backend.name, self.graph, rows, finished - started,
-                                       [started - pending.enqueued for pending in live])
         offset = 0
         for pending in live:
             part = {name: value[offset : offset + pending.rows] for name, value in outputs.items()}

@@ -24,18 +24,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from service.metrics import ServiceMetrics, metered
+from service.metrics import ServiceMetrics
 from service.runtime.backends import Backend
 from service.runtime.decoding import Search
+from service.runtime.graph_runner import GraphRunner
 
 Arrays = dict[str, np.ndarray]
-STEP_INPUTS = ("token", "t")
 
 
 @dataclass(eq=False)
@@ -61,7 +60,7 @@ def stack_padded(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([pad_to(part, shape) for part in parts], axis=0)
 
 
-class DecodeLoop:
+class DecodeLoop(GraphRunner):
     def __init__(
         self,
         backend: Backend,
@@ -70,10 +69,7 @@ class DecodeLoop:
         max_batch_size: int,
         metrics: ServiceMetrics | None = None,
     ) -> None:
-        self.backend = backend
-        self.model, self.graph = model, str(graph["name"])
-        self.max_batch_size = max_batch_size
-        self.metrics = metrics
+        super().__init__(backend, model, str(graph["name"]), max_batch_size, metrics)
         self.state_outputs: dict[str, str] = dict(graph["state_outputs"])  # state input -> output
         axes = {spec["name"]: list(spec["shape"]) for spec in graph["inputs"]}
         # state axes to squeeze: an axis whose mask is itself state (e.g. the self-attention cache)
@@ -86,9 +82,6 @@ class DecodeLoop:
         self._members: list[_Member] = []
         self._fixed: Arrays = {}
         self._state: Arrays = {}
-        self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{model}-{self.graph}")
-        self._worker: asyncio.Task[None] | None = None
 
     async def generate(self, search: Search, fixed: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray]
                        ) -> list[int]:
@@ -99,24 +92,14 @@ class DecodeLoop:
         """
         if search.rows > self.max_batch_size:
             raise ValueError(f"a search of {search.rows} rows exceeds the batch limit {self.max_batch_size}")
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._run_forever())
         if search.done:
             return search.result()
+        self._ensure_worker()
         member = _Member(search, {k: np.asarray(v) for k, v in fixed.items()},
                          {k: np.asarray(v) for k, v in state.items()}, asyncio.get_running_loop().create_future())
         self._arrivals.append(member)
         self._wakeup.set()
         return await member.future
-
-    async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                pass
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # ---- the worker ----------------------------------------------------------------------------
     async def _run_forever(self) -> None:
@@ -147,7 +130,9 @@ class DecodeLoop:
                 rows += member.search.rows
         if len(staying) == len(self._members) and not joining:
             return
-        kept_rows = np.concatenate([self._rows_of(i) for i in staying]) if staying else np.zeros(0, np.int64)
+        starts = np.cumsum([0] + [m.search.rows for m in self._members])  # each member's first row
+        kept_rows = (np.concatenate([np.arange(starts[i], starts[i + 1]) for i in staying]) if staying
+                     else np.zeros(0, np.int64))
         members = [self._members[i] for i in staying] + joining
         state = {name: value[kept_rows] for name, value in self._state.items()} if staying else {}
         state = self._squeeze(state) if staying else state
@@ -159,10 +144,6 @@ class DecodeLoop:
         self._fixed = {name: stack_padded([m.fixed[name] for m in members]) for name in members[0].fixed} \
             if members else {}
         self._members = members
-
-    def _rows_of(self, index: int) -> np.ndarray:
-        start = sum(m.search.rows for m in self._members[:index])
-        return np.arange(start, start + self._members[index].search.rows)
 
     def _squeeze(self, state: Arrays) -> Arrays:
         """Move each row's own positions on a masked state axis to the front and cut the common padding."""
@@ -184,13 +165,7 @@ class DecodeLoop:
                   "token": np.concatenate([m.search.tokens for m in members]),
                   "t": np.concatenate([np.full(m.search.rows, m.search.t, dtype=np.int64) for m in members])}
         rows = len(inputs["token"])
-        started = time.perf_counter()
-        with metered(self.metrics, self.backend, self.model, rows):
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, inputs)
-        finished = time.perf_counter()
-        if self.metrics is not None:
-            queued = [started - m.enqueued for m in members if m.search.t == 0]
-            self.metrics.observe_batch(self.model, self.backend.name, self.graph, rows, finished - started, queued)
+        outputs = await self._run_batch(inputs, rows, [m.enqueued for m in members if m.search.t == 0])
         logp = outputs["logp"]
         parents, offset = [], 0
         for member in members:
