@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from export.exporter import export_checkpoint
-from models.servable import build_servable
+from models.serving.servable import build_servable
 from service.runtime.backends import load_backends
 
 

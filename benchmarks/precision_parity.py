@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.servable import Graph, build_servable
+from models.serving.servable import Graph, build_servable
 from service.runtime.backends import BACKENDS, load_backends
 from service.runtime.devices import BACKEND_PRECISIONS, DeviceConfigError
 

@@ -165,7 +165,7 @@ def forecast_sessions(
 # ---- the datasets (see ../shared/data/README.md) -------------------------------------------------
 def hyperpartisan_texts(data: Path) -> list[str]:
     """Every labelled article, test split first (the order is fixed, so every run sends the same text)."""
-    from models.hyperpartisan import load_split
+    from models.data.hyperpartisan import load_split
 
     folder = data / "hyperpartisan"
     test = load_split(folder, "test")
@@ -175,7 +175,7 @@ def hyperpartisan_texts(data: Path) -> list[str]:
 
 
 def bbc_texts(data: Path, count: int) -> list[str]:
-    from models.bbc import load_split
+    from models.data.bbc import load_split
 
     pairs = load_split(data / "bbc-news-summary", "test", limit=count)
     if len(pairs) < count:
@@ -185,7 +185,7 @@ def bbc_texts(data: Path, count: int) -> list[str]:
 
 def etth1_values(data: Path, variables: list[str]) -> np.ndarray:
     """Every ETTh1 row (speed does not depend on the split), columns in the model's order."""
-    from models.ett import read_csv
+    from models.data.ett import read_csv
 
     series = read_csv(data / "ETT-small" / "ETTh1.csv")
     columns = [series.names.index(name) for name in variables]

@@ -56,10 +56,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.decoding import BeamSearch, GreedySearch, Search
 from models.segment import State, TensorSpec
 
 MODES = ("full", "segmented", "srformer")
@@ -559,116 +561,53 @@ class SRformer(nn.Module):
                  length_penalty: float = 1.0) -> list[list[int]]:
         """Greedy (beams=1) or beam search; returns token ids per document (without [CLS]/[SEP]).
 
-        The length cap is ``max_len`` or, when None, 1.25 * q of the document
-        (bounded by max_target).
+        The searches are the service's own (``models.decoding``), driven here by :meth:`step`:
+        training's dev selection, ``rtserve eval`` and the service decode the same way. Greedy
+        decodes the batch's documents together; beam search one document at a time. The length
+        cap is ``max_len`` or, when None, 1.25 * q of the document (bounded by max_target).
         """
+        c = self.config
         vocab_ids, vocab_mask, src_index = self.vocab(source_ids, mask)
         _, q = self.schedule(mask)
-        limits = [min(max_len if max_len is not None else int(math.ceil(1.25 * int(q_b))), self.config.max_target)
+        limits = [min(max_len if max_len is not None else int(math.ceil(1.25 * int(q_b))), c.max_target)
                   for q_b in q.tolist()]
+        row_vocab = [vocab_ids[b][vocab_mask[b]].cpu().numpy() for b in range(len(limits))]  # sorted ids
         if beams == 1:
-            return self._greedy(memory, mask, vocab_ids, vocab_mask, src_index, limits, no_repeat_ngram)
+            searches = [GreedySearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram)
+                        for b, limit in enumerate(limits)]
+            self._drive(searches, memory, mask, vocab_ids, vocab_mask, src_index)
+            return [search.result() for search in searches]
         results = []
         for b, limit in enumerate(limits):
-            mem_b = [{name: tensor[b: b + 1] for name, tensor in mem.items()} for mem in memory]
-            results.append(self._beam(mem_b, mask[b: b + 1], vocab_ids[b: b + 1], vocab_mask[b: b + 1],
-                                      src_index[b: b + 1],
-                                      limit, beams, no_repeat_ngram, length_penalty))
+            search = BeamSearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram, beams, length_penalty)
+            rows = torch.full((beams,), b, dtype=torch.long, device=mask.device)
+            self._drive([search], [{n: t.index_select(0, rows) for n, t in mem.items()} for mem in memory],
+                        mask[rows], vocab_ids[rows], vocab_mask[rows], src_index[rows])
+            results.append(search.result())
         return results
 
-    def _greedy(self, memory: list[dict[str, torch.Tensor]], mask: torch.Tensor, vocab_ids: torch.Tensor,
-                vocab_mask: torch.Tensor, src_index: torch.Tensor, limits: list[int],
-                no_repeat: int) -> list[list[int]]:
-        """Greedy decoding of a batch of documents; each row stops at [SEP] or its own limit."""
-        B = mask.shape[0]
-        cache = self.init_cache(B, mask.device)
-        tokens = torch.full((B,), self.config.bos_id, dtype=torch.long, device=mask.device)
-        seqs: list[list[int]] = [[] for _ in range(B)]
-        open_rows = [True] * B
-        for t in range(max(limits)):
-            logits, cache = self.step(tokens, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)
-            if no_repeat > 0:
-                for j, seq in enumerate(seqs):
-                    for banned in _banned_ids(seq, no_repeat):
-                        logits[j] = logits[j].masked_fill(vocab_ids[j] == banned, NEG)
-            tokens = vocab_ids.gather(1, logits.argmax(dim=-1, keepdim=True))[:, 0]  # (B,)
-            for j, token in enumerate(tokens.tolist()):
-                if not open_rows[j]:
-                    continue
-                if token == self.config.eos_id:
-                    open_rows[j] = False
-                else:
-                    seqs[j].append(token)
-                    open_rows[j] = len(seqs[j]) < limits[j]
-            if not any(open_rows):
-                break
-        return seqs
+    def _drive(self, searches: list[Search], memory: list[dict[str, torch.Tensor]], mask: torch.Tensor,
+               vocab_ids: torch.Tensor, vocab_mask: torch.Tensor, src_index: torch.Tensor) -> None:
+        """Step the decoder for every row of ``searches`` (their rows stacked in order) until all are done.
 
-    def _beam(self, memory: list[dict[str, torch.Tensor]], mask: torch.Tensor, vocab_ids: torch.Tensor,
-              vocab_mask: torch.Tensor, src_index: torch.Tensor, limit: int, beams: int, no_repeat: int,
-              length_penalty: float) -> list[int]:
-        c = self.config
-        memory = [{name: t.expand(beams, *t.shape[1:]) for name, t in mem.items()} for mem in memory]
-        mask = mask.expand(beams, -1)
-        vocab_ids, vocab_mask = vocab_ids.expand(beams, -1), vocab_mask.expand(beams, -1)
-        src_index = src_index.expand(beams, -1)
-        cache = self.init_cache(beams, mask.device)
-        tokens = torch.full((beams,), c.bos_id, dtype=torch.long, device=mask.device)
-        seqs: list[list[int]] = [[] for _ in range(beams)]
-        scores = torch.zeros(beams, device=mask.device)
-        scores[1:] = NEG  # all beams start identical: keep one alive
-        finished: list[tuple[float, list[int]]] = []
-        for t in range(limit):
-            logp, cache = self.step(tokens, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)  # (beams, V)
-            if no_repeat > 0:
-                for j, seq in enumerate(seqs):
-                    for banned in _banned_ids(seq, no_repeat):
-                        logp[j] = logp[j].masked_fill(vocab_ids[j] == banned, NEG)
-            if beams == 1:
-                choice = int(logp[0].argmax())
-                token = int(vocab_ids[0, choice])
-                if token == c.eos_id:
-                    return seqs[0]
-                seqs[0].append(token)
-                tokens = vocab_ids[:, choice]
-                continue
-            total = (scores[:, None] + logp).view(-1)  # (beams * V,)
-            top = total.topk(2 * beams)
-            V = logp.shape[1]
-            next_rows, next_seqs, next_scores, next_tokens = [], [], [], []
-            for value, flat in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-                row, col = divmod(flat, V)
-                token = int(vocab_ids[row, col])
-                if value <= NEG / 2:
-                    continue
-                if token == c.eos_id:
-                    finished.append((value / max(len(seqs[row]), 1) ** length_penalty, seqs[row]))
-                    continue
-                next_rows.append(row)
-                next_seqs.append([*seqs[row], token])
-                next_scores.append(value)
-                next_tokens.append(token)
-                if len(next_rows) == beams:
-                    break
-            best_done = max((f[0] for f in finished), default=None)
-            best_open = max(next_scores, default=None)
-            if not next_rows or (best_done is not None and len(finished) >= beams
-                                 and best_open is not None
-                                 and best_open / (t + 1) ** length_penalty < best_done):
-                break
-            while len(next_rows) < beams:  # pad with dead copies
-                next_rows.append(next_rows[0])
-                next_seqs.append(next_seqs[0])
-                next_scores.append(NEG)
-                next_tokens.append(next_tokens[0])
-            index = torch.tensor(next_rows, device=mask.device)
-            cache = {name: tensor.index_select(0, index) for name, tensor in cache.items()}
-            seqs, tokens = next_seqs, torch.tensor(next_tokens, device=mask.device)
-            scores = torch.tensor(next_scores, device=mask.device)
-        for j in range(beams):
-            if scores[j] > NEG / 2:
-                finished.append((float(scores[j]) / max(len(seqs[j]), 1) ** length_penalty, seqs[j]))
-        return max(finished, key=lambda f: f[0])[1] if finished else seqs[0]
+        Each search reads its own rows' log-probabilities and names every row's parent (beam
+        reordering); the cache follows the parents. A finished search's rows keep stepping unread.
+        """
+        offsets = np.cumsum([0] + [search.rows for search in searches])
+        cache = self.init_cache(int(offsets[-1]), mask.device)
+        t = 0
+        while not all(search.done for search in searches):
+            tokens = torch.as_tensor(np.concatenate([search.tokens for search in searches]), device=mask.device)
+            logp, cache = self.step(tokens, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)
+            logp = logp.float().cpu().numpy()
+            parents = np.arange(offsets[-1])
+            for search, start, end in zip(searches, offsets[:-1], offsets[1:], strict=True):
+                if not search.done:
+                    parents[start:end] = start + search.advance(logp[start:end])
+            if not np.array_equal(parents, np.arange(offsets[-1])):
+                index = torch.as_tensor(parents, device=mask.device)
+                cache = {name: tensor.index_select(0, index) for name, tensor in cache.items()}
+            t += 1
 
 
 def continuation(prev1: torch.Tensor, prev2: torch.Tensor, last1: torch.Tensor, last2: torch.Tensor,
@@ -679,18 +618,6 @@ def continuation(prev1: torch.Tensor, prev2: torch.Tensor, last1: torch.Tensor, 
     one = prev1[:, None, :] == last1[:, :, None]  # (B, T, k)
     two = one & (prev2[:, None, :] == last2[:, :, None])
     return torch.stack([one, two], dim=1).to(dtype)
-
-
-def _banned_ids(seq: list[int], n: int) -> list[int]:
-    """Tokens that would repeat an n-gram of ``seq`` (no-repeat n-gram)."""
-    if len(seq) < n - 1 or n <= 0:
-        return []
-    prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
-    banned = []
-    for start in range(len(seq) - n + 1):
-        if tuple(seq[start: start + n - 1]) == prefix:
-            banned.append(seq[start + n - 1])
-    return banned
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 # family -> module with train_main(argv) -> int and eval_main(argv) -> int
 RECIPES = {
-    "rsa": "models.train_forecaster",
-    "rtransformer": "models.train_forecaster",
-    "vanilla": "models.train_forecaster",
-    "linear": "models.train_forecaster",
-    "rmt": "models.train_rmt",
-    "srformer": "models.train_srformer",
+    "rsa": "models.training.forecasters",
+    "rtransformer": "models.training.forecasters",
+    "vanilla": "models.training.forecasters",
+    "linear": "models.training.forecasters",
+    "rmt": "models.training.rmt",
+    "srformer": "models.training.srformer",
 }
 
 
@@ -54,7 +54,7 @@ def _eval(argv: Sequence[str]) -> int:
     from pathlib import Path
 
     if (Path(argv[0]) / "manifest.json").exists():  # an exported entry: scored through the serving path
-        from export.evaluate import main as evaluate_entry
+        from rtserve.evaluate import main as evaluate_entry
 
         return int(evaluate_entry(list(argv)))
     from models.checkpoint import read_family

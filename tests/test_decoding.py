@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from service.runtime.decoding import NEG, BeamSearch, GreedySearch, NgramBan, banned_ids
+from models.decoding import NEG, BeamSearch, GreedySearch, NgramBan, banned_ids
 
 
 def test_the_incremental_ngram_ban_equals_the_definition():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from export.exporter import export_checkpoint
-from models.servable import build_servable
+from models.serving.servable import build_servable
 from service.runtime.backends import load_backends
 from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.servable import build_servable
+from models.serving.servable import build_servable
 from service.runtime.backends import OnnxBackend, TorchBackend, load_backends
 from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
 

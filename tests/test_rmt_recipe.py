@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from models.train_rmt import eval_main, train_main
+from models.training.rmt import eval_main, train_main
 
 WORDS = "the senate vote budget tax border court policy election reform".split()
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from export.exporter import export_checkpoint
-from models.servable import build_servable
+from models.serving.servable import build_servable
 from tests.service_helpers import make_client, random_pieces
 from tests.tiny_checkpoints import VARIABLES, tiny_forecaster
 

@@ -19,7 +19,7 @@ SUMPUBMED = Path(__file__).resolve().parents[2] / "shared" / "data" / "sumpubmed
 
 def long_article(words: int = 3000) -> str:
     if SUMPUBMED.exists():
-        from models import sumpubmed
+        from models.data import sumpubmed
 
         for key in sumpubmed.split_keys(SUMPUBMED, "train"):
             body = sumpubmed.read_pair(SUMPUBMED, key).body

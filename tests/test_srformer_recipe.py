@@ -5,7 +5,7 @@ import torch
 
 from models.minilm import load_minilm_encoder, load_minilm_tokenizer
 from models.srformer import SRformer, SRformerConfig, load_srformer, warm_start_from_minilm
-from models.train_srformer import Example, collate, loss_of, summarize_examples
+from models.training.srformer import Example, collate, loss_of, summarize_examples
 
 
 def _example(seed: int, length: int) -> Example:

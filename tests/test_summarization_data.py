@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from models import bbc, sumpubmed
-from models.summarization_data import corpus_of
+from models.data import bbc, sumpubmed
+from models.data.summarization import corpus_of
 
 ABSTRACT = """BACKGROUND
 first background sentence. second one.

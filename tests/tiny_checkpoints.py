@@ -15,7 +15,7 @@ VARIABLES = ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
 
 
 def tiny_forecaster(folder: Path, family: str = "rsa", lookback: int = 32, horizon: int = 8, seed: int = 0) -> Path:
-    from models.train_forecaster import FAMILIES
+    from models.training.forecasters import FAMILIES
 
     torch.manual_seed(seed)
     config_class, model_class = FAMILIES[family]

@@ -219,7 +219,7 @@ def load_backends(
 
         torch.set_num_threads(intra_op_threads)  # process-wide for torch
     if backend == "torch":
-        from models.servable import build_servable
+        from models.serving.servable import build_servable
 
         servable = build_servable(entry / "checkpoint", name=manifest["name"])
         return {

@@ -31,7 +31,7 @@ import numpy as np
 
 from service.metrics import ServiceMetrics
 from service.runtime.backends import Backend
-from service.runtime.decoding import Search
+from models.decoding import Search
 from service.runtime.graph_runner import GraphRunner
 
 Arrays = dict[str, np.ndarray]

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
-from service.runtime.decoding import BeamSearch, GreedySearch, Search, TokenCallback
+from models.decoding import BeamSearch, GreedySearch, Search, TokenCallback
 from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
 
 

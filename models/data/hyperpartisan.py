@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,3 +52,13 @@ def load_split(folder: str | Path, split: str) -> list[Article]:
         raise ValueError(f"unknown split {split!r}; choose one of {SPLITS} or 'all'")
     wanted = set(json.loads(split_file.read_text())[split])
     return [a for a in articles if a.id in wanted]
+
+
+def metrics(labels: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
+    """Accuracy and macro-F1 (the shared task's measure) of predicted label indices."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    return {
+        "accuracy": float(accuracy_score(labels, predictions)),
+        "macro_f1": float(f1_score(labels, predictions, average="macro")),
+    }

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from models.checkpoint import Checkpoint
 from models.segment import TensorSpec
-from models.servable import Graph, Servable
+from models.serving.servable import Graph, Servable
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from models import summarization_data
+from models.data import summarization as summarization_data
 
 ARTICLES = "News Articles"
 SUMMARIES = "Summaries"

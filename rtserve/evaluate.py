@@ -38,7 +38,7 @@ async def _answer(model: LoadedModel, piece: Any) -> dict[str, Any]:
 
 
 async def _forecast(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
-    from models.ett import Scaler, load_split
+    from models.data.ett import Scaler, load_split
 
     settings = model.manifest["settings"]
     scaler = Scaler.from_dict(settings["scaler"])
@@ -56,8 +56,7 @@ async def _forecast(model: LoadedModel, args: argparse.Namespace) -> dict[str, A
 
 
 async def _classify(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
-    from models.hyperpartisan import load_split
-    from models.train_rmt import metrics
+    from models.data.hyperpartisan import load_split, metrics
 
     articles = load_split(args.data, args.split)[: args.limit or None]
     labels = list(model.manifest["settings"]["labels"])
@@ -72,7 +71,7 @@ async def _classify(model: LoadedModel, args: argparse.Namespace) -> dict[str, A
 
 
 async def _summarize(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
-    from models.summarization_data import corpus_of, rouge_scores
+    from models.data.summarization import corpus_of, rouge_scores
 
     pairs = corpus_of(args.data).load_split(args.data, args.split, args.limit or None)
 

@@ -1,7 +1,7 @@
 """Training and evaluation recipe of the forecasters: ``rtserve train {rsa,rtransformer,vanilla,linear}``
 and ``rtserve eval <checkpoint>``.
 
-Data: ETTh1 under the Informer protocol (models/ett.py). Neural families train with AdamW on
+Data: ETTh1 under the Informer protocol (models/data/ett.py). Neural families train with AdamW on
 the MSE of standardized values, keep the epoch with the lowest validation MSE (never the test
 split) and save it with save_checkpoint; ``linear`` is the closed-form channel-independent
 ridge baseline, its penalty chosen on the validation split.
@@ -10,10 +10,8 @@ ridge baseline, its penalty chosen on the validation split.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -26,40 +24,15 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.ett import Scaler, load_split
-from models.forecast_stream import ForecastStream, LinearConfig, LinearForecaster
-from models.rsa import RSAConfig, RSAForecaster
-from models.rtransformer import RTransformerConfig, RTransformerForecaster
-from models.vanilla import VanillaConfig, VanillaForecaster
+from models.data.ett import Scaler, load_split
+from models.forecast_stream import LinearConfig, LinearForecaster
+from models.forecasters import FAMILIES, build_forecaster, load_stream
+from models.rsa import RSAConfig
+from models.rtransformer import RTransformerConfig
+from models.training.common import hardware, seed_everything
+from models.vanilla import VanillaConfig
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ETT-small" / "ETTh1.csv"
-
-FAMILIES: dict[str, tuple[type, type]] = {
-    "rsa": (RSAConfig, RSAForecaster),
-    "rtransformer": (RTransformerConfig, RTransformerForecaster),
-    "vanilla": (VanillaConfig, VanillaForecaster),
-    "linear": (LinearConfig, LinearForecaster),
-}
-
-
-def build_forecaster(family: str, config: dict[str, Any] | Any) -> nn.Module:
-    """A forecaster of ``family`` from its config dataclass or that dataclass as a dict."""
-    config_class, model_class = FAMILIES[family]
-    if not dataclasses.is_dataclass(config):
-        names = {f.name for f in dataclasses.fields(config_class)}
-        config = config_class(**{key: value for key, value in config.items() if key in names})
-    return model_class(config)
-
-
-def load_stream(folder: str | Path) -> ForecastStream:
-    """The streaming segment model of a checkpoint folder: forecaster + its scaler, eval mode."""
-    checkpoint = load_checkpoint(folder)
-    model = build_forecaster(checkpoint.family, checkpoint.config)
-    model.load_state_dict(checkpoint.state_dict)
-    scaler = checkpoint.extras["scaler"]
-    stream = ForecastStream(model, len(scaler["mean"]), torch.tensor(scaler["mean"]), torch.tensor(scaler["std"]))
-    return stream.eval()
-
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ETT-small" / "ETTh1.csv"
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> dict[str, float]:
@@ -144,22 +117,15 @@ def _config(args: argparse.Namespace) -> Any:
     return VanillaConfig(**common, **shape)
 
 
-def _hardware() -> str:
-    return (
-        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
-    )
-
-
 def train_main(argv: Sequence[str]) -> int:
     args = _parser("rtserve train").parse_args(list(argv))
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)
+    seed_everything(args.seed)
     x_train, y_train, scaler, names = load_split(args.data, "train", args.lookback, args.horizon)
     x_val, y_val, _, _ = load_split(args.data, "val", args.lookback, args.horizon, scaler)
     x_test, y_test, _, _ = load_split(args.data, "test", args.lookback, args.horizon, scaler)
     started = time.perf_counter()
-    recipe: dict[str, Any] = {"argv": ["rtserve", "train", *argv], "hardware": _hardware()}
+    recipe: dict[str, Any] = {"argv": ["rtserve", "train", *argv], "hardware": hardware(args.threads)}
 
     if args.family == "linear":
         best: tuple[float, float, Any] | None = None
@@ -301,14 +267,14 @@ def eval_main(argv: Sequence[str]) -> int:
 def plot_main(argv: Sequence[str]) -> int:
     """Rolling H-step forecasts against actuals on the test split: one forecast every H rows.
 
-    ``python -m models.train_forecaster plot <checkpoint>... --out docs/forecast_etth1.png``
+    ``python -m models.training.forecasters plot <checkpoint>... --out docs/forecast_etth1.png``
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    parser = argparse.ArgumentParser(prog="python -m models.train_forecaster plot")
+    parser = argparse.ArgumentParser(prog="python -m models.training.forecasters plot")
     parser.add_argument("checkpoints", nargs="+", help="checkpoint folders; the first sets L and H")
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--variables", default="OT,HUFL", help="comma-separated variable names to draw")
@@ -355,5 +321,5 @@ def plot_main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
     commands = {"train": train_main, "eval": eval_main, "plot": plot_main}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        raise SystemExit(f"usage: python -m models.train_forecaster {{{','.join(commands)}}} ...")
+        raise SystemExit(f"usage: python -m models.training.forecasters {{{','.join(commands)}}} ...")
     sys.exit(commands[sys.argv[1]](sys.argv[2:]))

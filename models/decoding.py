@@ -1,7 +1,9 @@
 """Searches over a decoder's log-probabilities, in numpy: greedy and beam search, no-repeat n-grams.
 
-A search is a small state machine that :class:`service.runtime.decode_loop.DecodeLoop` drives one
-step at a time, so that steps of many documents share one batched call of the decode graph:
+The one decoder search of the project, family-agnostic: the service's decode loop
+(:class:`service.runtime.decode_loop.DecodeLoop`, steps of many documents in one batched call of the
+exported graph), ``SRformer.generate`` (training's dev selection and ``rtserve eval`` of a checkpoint)
+and ``rtserve eval`` of an exported entry all drive these state machines one step at a time:
 
     search.tokens, search.t          the next step's inputs for its rows (rows = beams)
     search.advance(logp (rows, V))   reads the step's log-probabilities over ``vocab_ids`` and

@@ -5,7 +5,7 @@
     rtserve train rmt ... --truncate          # baseline: first segment only (= --segments 1)
     rtserve train rmt ... --fit-on train+dev  # refit a dev-chosen recipe on train+dev, last epoch kept
     rtserve eval runs/rmt-s4-seed0 --data ../shared/data/hyperpartisan --split test
-    python -m models.train_rmt tfidf --data ../shared/data/hyperpartisan   # TF-IDF + LR baseline
+    python -m models.training.rmt tfidf --data ../shared/data/hyperpartisan   # TF-IDF + LR baseline
 
 Recipe (CPU-sized, see docs/classification.md): MiniLM-L6 backbone; layers
 below ``memory_layer`` frozen, their outputs for every segment computed once
@@ -32,26 +32,13 @@ from pathlib import Path
 import torch
 
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.hyperpartisan import LABEL_NAMES, Article, load_articles, load_split
+from models.data.hyperpartisan import LABEL_NAMES, Article, load_articles, load_split, metrics
 from models.minilm import load_minilm_tokenizer
 from models.rmt import RMT, RMTConfig, cross_entropy, load_rmt, rmt_from_minilm, trained_state_dict
 from models.rmt_stream import Segmenter, classify_documents
+from models.training.common import hardware, seed_everything
 
 CACHE_SEGMENTS = 16  # lower-layer states are cached for the first 16 segments (2,016 tokens) of every article
-
-
-def metrics(labels: Sequence[int], predictions: Sequence[int]) -> dict[str, float]:
-    from sklearn.metrics import accuracy_score, f1_score
-
-    return {
-        "accuracy": float(accuracy_score(labels, predictions)),
-        "macro_f1": float(f1_score(labels, predictions, average="macro")),
-    }
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 # ---- lower-layer cache -------------------------------------------------------------------
@@ -239,7 +226,7 @@ def train_main(argv: Sequence[str]) -> int:
                 "recipe": {k2: str(v) if isinstance(v, Path) else v for k2, v in vars(args).items()},
                 "selected_epoch": epoch + 1, "history": history, "dev": dev_scores,
                 "train_seconds": round(time.time() - started, 1),
-                "hardware": f"2-core CPU, torch threads={args.threads}",
+                "hardware": hardware(args.threads),
             }
             save_checkpoint(args.out, "rmt", config, trained_state_dict(model), extras)
     progress.close()
@@ -293,7 +280,7 @@ def tfidf_main(argv: Sequence[str]) -> int:
     ``--c`` fixes the inverse regularisation; by default it is chosen on dev (fit on train,
     best dev macro-F1 over a small grid) and the model is then refitted on train+dev.
     """
-    parser = argparse.ArgumentParser(prog="python -m models.train_rmt tfidf")
+    parser = argparse.ArgumentParser(prog="python -m models.training.rmt tfidf")
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--c", type=float, default=None, help="LogisticRegression C (default: chosen on dev)")
     args = parser.parse_args(argv)

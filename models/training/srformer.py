@@ -3,7 +3,7 @@
     rtserve train srformer --data ../shared/data/bbc-news-summary --cross-attention srformer \\
         --segment-size 16 --seed 0 --out runs/srformer-s16-seed0
     rtserve eval runs/srformer-s16-seed0 --data ../shared/data/bbc-news-summary --split test
-    python -m models.train_srformer lead --data ../shared/data/bbc-news-summary --split test
+    python -m models.training.srformer lead --data ../shared/data/bbc-news-summary --split test
 
 Recipe (CPU-sized, see docs/summarization.md): the MiniLM-L6 encoder is frozen,
 so its outputs for every document (title + body, first ``max_source`` tokens,
@@ -24,8 +24,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import platform
 import random
 import sys
 import time
@@ -36,8 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.data.summarization import corpus_name, corpus_of, rouge_scores
 from models.srformer import SRformer, SRformerConfig, load_srformer, warm_start_from_minilm
-from models.summarization_data import corpus_name, corpus_of, rouge_scores
+from models.training.common import hardware, seed_everything
 
 CACHE_ROOT = Path("cache")
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -196,18 +195,6 @@ def summarize_examples(model: SRformer, examples: list[Example], tokenizer: obje
              "decode_s_per_summary": round(seconds / max(len(examples), 1), 4),
              "generated_tokens_mean": round(tokens / max(len(examples), 1), 1)}
     return texts, speed
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def hardware(threads: int, device: str = "cpu") -> str:
-    host = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads={threads}"
-    if device.startswith("cuda"):
-        return f"{host}, GPU {torch.cuda.get_device_name(device)}"
-    return f"{host}, CPU only"
 
 
 # ---- train ---------------------------------------------------------------------------------
@@ -374,7 +361,7 @@ def eval_main(argv: Sequence[str]) -> int:
 
 
 def lead_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.train_srformer lead")
+    parser = argparse.ArgumentParser(prog="python -m models.training.srformer lead")
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"])
     parser.add_argument("--k", type=int, nargs="+", default=[3, 8])
@@ -389,7 +376,7 @@ def lead_main(argv: Sequence[str]) -> int:
 
 
 def cache_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.train_srformer cache")
+    parser = argparse.ArgumentParser(prog="python -m models.training.srformer cache")
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--max-source", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
@@ -410,7 +397,7 @@ def schedule_main(argv: Sequence[str]) -> int:
     position j in S_i that continues the summary (src[j-1] = y_{t-1}, src[j] = y_t)?
     The last line counts that continuation anywhere in the document (full attention).
     """
-    parser = argparse.ArgumentParser(prog="python -m models.train_srformer schedule")
+    parser = argparse.ArgumentParser(prog="python -m models.training.srformer schedule")
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--split", default="dev")
     parser.add_argument("--segment-sizes", type=int, nargs="+", default=[8, 16, 64, 256])
@@ -451,7 +438,7 @@ def ship_main(argv: Sequence[str]) -> int:
 
     fp16 halves the file; ship fp32 when the fp16 copy scores measurably lower (`rtserve eval` both).
     """
-    parser = argparse.ArgumentParser(prog="python -m models.train_srformer ship")
+    parser = argparse.ArgumentParser(prog="python -m models.training.srformer ship")
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored weight type")
@@ -473,5 +460,5 @@ if __name__ == "__main__":
     commands = {"lead": lead_main, "cache": cache_main, "train": train_main, "eval": eval_main, "ship": ship_main,
                 "schedule": schedule_main}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        raise SystemExit(f"usage: python -m models.train_srformer {{{','.join(commands)}}} ...")
+        raise SystemExit(f"usage: python -m models.training.srformer {{{','.join(commands)}}} ...")
     sys.exit(commands[sys.argv[1]](sys.argv[2:]))

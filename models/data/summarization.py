@@ -1,6 +1,6 @@
 """Summarization corpora behind one interface, and the ROUGE used to score them.
 
-A corpus module (``models.bbc``, ``models.sumpubmed``) offers ``read_pair``,
+A corpus module (``models.data.bbc``, ``models.data.sumpubmed``) offers ``read_pair``,
 ``all_keys``, ``split_keys``, ``load_split``, ``sentences`` and ``lead``; its
 pairs have ``key``, ``document`` and ``summary``. ``corpus_of`` picks the module
 from the folder's layout, so every command takes just ``--data <folder>``.
@@ -15,8 +15,8 @@ from types import ModuleType
 
 
 def corpus_of(data: str | Path) -> ModuleType:
-    """``models.bbc`` for a BBC News Summary folder, ``models.sumpubmed`` for SumPubMed."""
-    from models import bbc, sumpubmed
+    """``models.data.bbc`` for a BBC News Summary folder, ``models.data.sumpubmed`` for SumPubMed."""
+    from models.data import bbc, sumpubmed
 
     data = Path(data)
     if (data / bbc.ARTICLES).is_dir():

@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 
 from models.checkpoint import Checkpoint
-from models.rmt_servable import tokenizer_file
 from models.segment import TensorSpec
-from models.servable import Graph, Servable
+from models.serving.rmt import tokenizer_file
+from models.serving.servable import Graph, Servable
 from models.srformer import SRformer, SRformerConfig, load_srformer
 from models.text_stream import PENDING_BYTES, SegmentCutter
 

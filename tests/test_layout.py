@@ -1,0 +1,59 @@
+"""The import arrows of the source tree point one way (issue #13): each folder has one job.
+
+    service/        -> models (families' streams, serving adapters, searches), never models.training
+    export/         -> models; never service/
+    models/serving  -> models families; never models.training or service
+    models (families, streams, searches) -> never models.training, models.serving, service, export
+    models/data     -> no model family, recipe or service
+
+Read from the source (every import statement, including those inside functions), not from what
+happens to be imported at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def imports_of(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def modules_under(folder: str, exclude: tuple[str, ...] = ()) -> list[Path]:
+    return [p for p in sorted((ROOT / folder).rglob("*.py")) if not any(part in p.parts for part in exclude)]
+
+
+FAMILY_SIDE = [p for p in sorted((ROOT / "models").glob("*.py"))]
+RULES = [
+    ("service", modules_under("service"), ("models.training", "export", "rtserve.evaluate")),
+    ("export", modules_under("export"), ("service", "rtserve")),
+    ("models/serving", modules_under("models/serving"), ("models.training", "service", "export")),
+    ("models (families)", FAMILY_SIDE, ("models.training", "models.serving", "models.data", "service", "export")),
+    ("models/data", modules_under("models/data"), ("models.training", "models.serving", "service", "export",
+                                                   "models.rmt", "models.srformer", "models.rsa", "torch")),
+    ("models/training", modules_under("models/training"), ("service", "export")),
+]
+
+
+@pytest.mark.parametrize(("room", "files", "forbidden"), RULES, ids=[rule[0] for rule in RULES])
+def test_imports_point_one_way(room: str, files: list[Path], forbidden: tuple[str, ...]) -> None:
+    assert files, f"no modules found for {room}"
+    wrong = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        for name in imports_of(path)
+        if any(name == bad or name.startswith(bad + ".") for bad in forbidden)
+    }
+    assert not wrong, "\n".join(sorted(wrong))
