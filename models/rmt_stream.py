@@ -33,9 +33,10 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from models.classifier_stream import ClassifierStream
 from models.rmt import RMT
 from models.segment import State, TensorSpec
-from models.text_stream import PENDING_BYTES, SegmentCutter, last_cut
+from models.text_stream import PENDING_BYTES, Segment, SegmentCutter, last_cut
 
 __all__ = ["PENDING_BYTES", "RMTStream", "Segmenter", "batch_segments", "classify_documents", "last_cut"]
 
@@ -87,7 +88,8 @@ def classify_documents(model: RMT, segmenter: Segmenter, texts: list[str], batch
 
 
 class RMTStream:
-    """Streaming sessions over an :class:`RMT`: ``init_state`` / ``feed`` / ``finish`` (batch 1).
+    """Streaming sessions over an eager :class:`RMT`: ``init_state`` / ``feed`` / ``finish`` (batch 1), the
+    :class:`ClassifierStream` path with the model's own ``step`` in place of the exported graph.
 
     ``feed`` returns the running prediction (probabilities (1, C)) after every segment it
     completed; ``finish`` flushes the tail as the last, partial segment and returns the final
@@ -97,7 +99,9 @@ class RMTStream:
     def __init__(self, model: RMT, tokenizer: Tokenizer, pending_bytes: int = PENDING_BYTES):
         self.model = model
         c = model.config
-        self.cutter = SegmentCutter(tokenizer, c.segment_size, c.max_segments, pending_bytes)
+        cutter = SegmentCutter(tokenizer, c.segment_size, c.max_segments, pending_bytes)
+        self.stream = ClassifierStream(cutter, [str(i) for i in range(c.num_labels)])
+        self.cutter = cutter
 
     def state_spec(self) -> list[TensorSpec]:
         return [*self.model.state_spec(), *self.cutter.state_spec()]
@@ -109,18 +113,19 @@ class RMTStream:
         state.update({name: torch.from_numpy(value) for name, value in self.cutter.init_state().items()})
         return state
 
-    def _run(
-        self, state: Mapping[str, torch.Tensor], cut: dict[str, np.ndarray], segments: list
-    ) -> tuple[State, list[torch.Tensor]]:
-        memory, running = state["memory"], []
-        with torch.no_grad():
-            for ids, mask in segments:
-                segment = {"input_ids": torch.from_numpy(ids)[None], "attention_mask": torch.from_numpy(mask)[None]}
-                new, output = self.model.step({"memory": memory}, segment)  # (1, m, d), (1, C)
-                memory = new["memory"]
-                running.append(self.model.readout(new, output))
+    @torch.no_grad()
+    def _run(self, state: Mapping[str, torch.Tensor], cut: dict[str, np.ndarray], segments: list[Segment]
+             ) -> tuple[State, list[torch.Tensor]]:
+        arrays = {**cut, "memory": state["memory"].numpy()}
+        running = []
+        for segment in segments:
+            inputs = {name: torch.from_numpy(value) for name, value in self.stream.step_inputs(arrays, segment).items()}
+            new, output = self.model.step({"memory": inputs.pop("memory")}, inputs)  # (1, m, d), (1, C)
+            running.append(self.model.readout(new, output))
+            arrays = self.stream.absorb(arrays, {"next_memory": new["memory"].numpy(),
+                                                 "logits": output["logits"].numpy()})
         out: State = {name: torch.from_numpy(value) for name, value in cut.items()}
-        out["memory"] = memory
+        out["memory"] = torch.from_numpy(arrays["memory"])
         return out, running
 
     def _cut_state(self, state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -128,12 +133,12 @@ class RMTStream:
 
     def feed(self, state: Mapping[str, torch.Tensor], text: str) -> tuple[State, list[torch.Tensor]]:
         """Append a text piece; returns the new state and one (1, C) prediction per completed segment."""
-        cut, segments = self.cutter.feed(self._cut_state(state), text)
+        cut, segments = self.stream.feed(self._cut_state(state), text)
         return self._run(state, cut, segments)
 
     def finish(self, state: Mapping[str, torch.Tensor]) -> tuple[State, torch.Tensor]:
         """End of document: flush the pending text and ids as the last segment; final (1, C)."""
-        cut, segments = self.cutter.flush(self._cut_state(state))
+        cut, segments = self.stream.flush(self._cut_state(state))
         state, _ = self._run(state, cut, segments)
         with torch.no_grad():
             return state, self.model.readout({"memory": state["memory"]})

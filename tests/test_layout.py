@@ -44,6 +44,10 @@ RULES = [
     ("models/data", modules_under("models/data"), ("models.training", "models.serving", "service", "export",
                                                    "models.rmt", "models.srformer", "models.rsa", "torch")),
     ("models/training", modules_under("models/training"), ("service", "export")),
+    # what the service runs on the ONNX path: numpy only, so serving needs no PyTorch install
+    ("torch-free streams", [ROOT / "models" / f"{name}.py" for name in
+                            ("tensor_spec", "text_stream", "summary_stream", "classifier_stream", "decoding")],
+     ("torch", "models.segment", "models.rmt", "models.srformer", "models.minilm")),
 ]
 
 

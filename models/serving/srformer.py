@@ -8,7 +8,8 @@
   state in; log-probabilities over the document's candidate ids and the next caches out.
 
 Tokenizing, cutting text into windows, the vocabulary of candidate ids and the search (greedy,
-beam, no-repeat n-gram) run outside the graphs (``service/runtime/summarize.py``).
+beam, no-repeat n-gram) run outside the graphs: ``models/summary_stream.py`` and ``models/decoding.py``,
+which the service wraps (``service/runtime/summarize.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from models.segment import TensorSpec
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
 from models.srformer import SRformer, SRformerConfig, load_srformer
+from models.summary_stream import state_and_chunk_specs
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
 
@@ -175,16 +177,8 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
     # source token, the count of encoded tokens, the running accumulators ...
     max_windows = -(-c.max_source // c.encoder_window) if c.max_source > 0 else 100_000
     cutter = SegmentCutter(None, c.encoder_window + 2, max_windows, PENDING_BYTES)
-    state_spec = [*cutter.state_spec(), TensorSpec("last_source_id", "int64", ("batch",)),
-                  TensorSpec("source_tokens", "int64", ("batch",))]
-    for layer in range(layers):
-        state_spec += [TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, dh)),
-                       TensorSpec(f"ksq{layer}", "float32", ("batch", h))]
-    # ... and append-only chunks, one per piece that closes windows: source_ids (1, n), k{l}, v{l} (1, h, n, dh)
-    chunk_spec = [TensorSpec("source_ids", "int64", ("batch", "window"))]
-    for layer in range(layers):
-        chunk_spec += [TensorSpec(f"k{layer}", "float32", ("batch", h, "window", dh)),
-                       TensorSpec(f"v{layer}", "float32", ("batch", h, "window", dh))]
+    # ... and append-only chunks, one per piece that closes windows (models/summary_stream.py)
+    state_spec, chunk_spec = state_and_chunk_specs(cutter, layers, h, dh)
     extras = checkpoint.extras
     decode_defaults = extras.get("decode", extras)  # the search settings chosen on dev, where recorded
     return Servable(

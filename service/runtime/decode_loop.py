@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from models.decoding import Search
 from service.metrics import ServiceMetrics
 from service.runtime.backends import Backend
-from models.decoding import Search
 from service.runtime.graph_runner import GraphRunner
 
 Arrays = dict[str, np.ndarray]
