@@ -108,7 +108,7 @@ class RMTStream:
 
     def init_state(self, batch: int = 1) -> State:
         if batch != 1:
-            raise ValueError("a text stream is one document: init_state(1), stack sessions with stack_states")
+            raise ValueError("a text stream is one document: init_state(1), stack sessions along axis 0")
         state = self.model.init_state(1)
         state.update({name: torch.from_numpy(value) for name, value in self.cutter.init_state().items()})
         return state

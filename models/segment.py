@@ -1,17 +1,22 @@
-"""The segment-model contract every served model keeps (see DESIGN.md).
+"""The segment-model contract every served model keeps (see DESIGN.md), in PyTorch.
 
-    init_state(batch)          -> state            # dict of named tensors
-    step(state, segment)       -> state', output   # pure: no Python-side memory
+    state_spec()               -> [TensorSpec]      # names, dtypes, shapes; batch is axis 0
+    init_state(batch)          -> state             # dict of named tensors
+    step(state, segment)       -> state', output    # pure: no Python-side memory
     readout(state, output)     -> task result
 
-``state`` is a flat mapping of named tensors whose names, dtypes and shapes
-are the model's *state spec*. The batch axis is always axis 0, so states of
-different sessions stack along it. A whole-input call is a fold of ``step``.
+The families implement it (``RMT``, ``ForecastStream``; SRformer's decoder ``step`` with its cache)
+and the serving adapters (``models/serving/``) trace ``step`` into the exported graphs, state in and
+state out, so states of different sessions stack along axis 0 and a whole input is a fold of
+``step``. Around the graphs, each family's numpy stream (``models/text_stream.py``,
+``classifier_stream.py``, ``summary_stream.py``) turns user pieces into segments; the service's
+pipelines (``service/runtime/pipeline.py``: ``new_state`` / ``consume`` / ``finish``) wrap those
+streams and run the graphs batched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
@@ -19,7 +24,7 @@ import torch
 from models.tensor_spec import TensorSpec
 
 State = dict[str, torch.Tensor]
-__all__ = ["SegmentModel", "State", "TensorSpec", "fold", "split_state", "stack_states"]
+__all__ = ["SegmentModel", "State", "TensorSpec"]
 
 
 class SegmentModel(Protocol):
@@ -30,23 +35,3 @@ class SegmentModel(Protocol):
     def step(self, state: Mapping[str, torch.Tensor], segment: Mapping[str, torch.Tensor]) -> tuple[State, State]: ...
 
     def readout(self, state: Mapping[str, torch.Tensor], output: Mapping[str, torch.Tensor]) -> Any: ...
-
-
-def fold(model: SegmentModel, segments: Iterable[Mapping[str, torch.Tensor]], batch: int = 1) -> tuple[State, State]:
-    """A whole-input call: ``step`` folded over the segments, from ``init_state``."""
-    state = model.init_state(batch)
-    output: State = {}
-    for segment in segments:
-        state, output = model.step(state, segment)
-    return state, output
-
-
-def stack_states(states: list[Mapping[str, torch.Tensor]]) -> State:
-    """Stack per-session states (each with batch 1 or more) along axis 0."""
-    return {name: torch.cat([state[name] for state in states], dim=0) for name in states[0]}
-
-
-def split_state(state: Mapping[str, torch.Tensor], sizes: list[int]) -> list[State]:
-    """Inverse of :func:`stack_states`."""
-    pieces = {name: torch.split(tensor, sizes, dim=0) for name, tensor in state.items()}
-    return [{name: pieces[name][index] for name in state} for index in range(len(sizes))]

@@ -9,12 +9,13 @@ References
 - Encoder: the frozen pip-installed MiniLM-L6 (models/minilm.py), run window by
   window (each window its own [CLS] ... [SEP] input of at most 512 positions).
 
-Three cross-attention modes share one decoder (``SRformerConfig.cross_attention``):
-- ``full``: softmax attention over every encoder position (baseline).
-- ``segmented``: the query at step t reads only segment i = min(t*m // q, m-1)
-  of the encoder keys (s positions), m = ceil(k/s) segments of the k valid keys.
-- ``srformer``: segmented attention plus recurrent attention over the other
-  segments through a RAF neuron, Eq. (11).
+Three cross-attention variants share one decoder (``SRformerConfig.cross_attention`` names the
+class, ``CROSS_ATTENTION``):
+- ``full`` (:class:`FullCrossAttention`): softmax attention over every encoder position (baseline).
+- ``segmented`` (:class:`SegmentedCrossAttention`): the query at step t reads only segment
+  i = min(t*m // q, m-1) of the encoder keys (s positions), m = ceil(k/s) segments of the k valid keys.
+- ``srformer`` (:class:`SRformerCrossAttention`): segmented attention plus recurrent attention over
+  the other segments through a RAF neuron, Eq. (11).
 
 q, the summary length that fixes the segment schedule, is per document:
 ``q = ceil(summary_ratio * k)`` (BBC summaries are 0.45 of their article in
@@ -37,8 +38,8 @@ like App. A.3's b_Si; it does not enter the recurrent part).
 ``recurrent_gate`` weights O_R by a per-head scalar learned from 0 (Eq. 10's
 trainable weighting) instead of the plain sum of Eq. (11).
 
-Decoder blocks are pre-LN (``norm_position="pre"``, trained from scratch: the
-shipped recipe) or post-LN like BERT's, so that :func:`warm_start_from_minilm`
+Decoder blocks are pre-LN (:class:`Block`, ``norm_position="pre"``, trained from scratch: the
+shipped recipe) or post-LN like BERT's (:class:`PostLNBlock`), so that :func:`warm_start_from_minilm`
 can start them from MiniLM's layers (BERT2BERT, Rothe et al., 2020).
 
 Serving (segment-model contract, DESIGN.md): :class:`SummarizerStream` reads a
@@ -161,11 +162,12 @@ def remaining_products(mem: Mapping[str, torch.Tensor], s: int) -> torch.Tensor:
 
 
 class CrossAttention(nn.Module):
-    """Decoder cross-attention: full, segmented (Eq. 4, 6) or SRformer (Eq. 11-16)."""
+    """What the three cross-attention variants share: projections, the encoder-side memory (Eq. 15)
+    and the copy features. The variants differ in which keys a step reads (:meth:`forward`, :meth:`step`):
+    :class:`FullCrossAttention`, :class:`SegmentedCrossAttention`, :class:`SRformerCrossAttention`."""
 
     def __init__(self, config: SRformerConfig):
         super().__init__()
-        self.mode = config.cross_attention
         self.s = config.segment_size
         self.n_head = config.n_head
         self.dh = config.d_model // config.n_head
@@ -173,10 +175,6 @@ class CrossAttention(nn.Module):
         self.k_proj = nn.Linear(config.embed_dim, config.d_model)
         self.v_proj = nn.Linear(config.embed_dim, config.d_model)
         self.o_proj = nn.Linear(config.d_model, config.d_model)
-        self.raf = RAF(self.dh, config.raf_clamp) if self.mode == "srformer" else None
-        # Eq. (10): a trainable weight on O_R; from 0 the model starts as the segmented one
-        use_gate = self.mode == "srformer" and config.recurrent_gate
-        self.gate = nn.Parameter(torch.zeros(config.n_head, 1, 1)) if use_gate else None
         self.token_features = config.token_features
         if self.token_features:
             self.k_prev = nn.Linear(config.embed_dim, config.d_model, bias=False)
@@ -211,30 +209,112 @@ class CrossAttention(nn.Module):
         """x (B, T, d) decoder states; mask (B, k) valid keys; seg (B, T) segment index per step;
         match (B, 2, T, k) copy-continuation indicators (see :func:`continuation`).
 
-        Returns the output (B, T, d) and the softmax weights (B, h, T, k), zero outside S_i.
+        Returns the output (B, T, d) and the softmax weights (B, h, T, k), zero where not read.
         """
         B, T, d = x.shape
         K, V = mem["k"], mem["v"]  # (B, h, k, dh)
-        k = K.shape[2]
         Q = self.q_proj(x).view(B, T, self.n_head, self.dh).transpose(1, 2)  # (B, h, T, dh)
-        allow = mask[:, None, :].expand(B, T, k)  # (B, T, k)
-        if self.mode != "full":
-            # Eq. (4): only keys of segment i_t; a masked full softmax equals the softmax over K_Si
-            pos_seg = torch.arange(k, device=x.device) // self.s  # (k,)
-            allow = allow & (pos_seg[None, None, :] == seg[:, :, None])
+        allow = self._allowed(mask, seg)  # (B, T, k)
         att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, T, k) Eq. (3)/(4)
         if self.match is not None:  # a score bias, segmented with its keys like App. A.3's b_Si
             att = att + torch.einsum("hc,bctk->bhtk", self.match, match)
         att = att.masked_fill(~allow[:, None], neg(att.dtype)).softmax(dim=-1)
-        out = att @ V  # (B, h, T, dh) Eq. (5)/(6)
-        if self.mode == "srformer":
-            o_r = self._recurrent(Q, mem, seg)
-            out = out + (o_r if self.gate is None else self.gate * o_r)  # Eq. (11) (Eq. (10) with a gate)
+        out = self._plus_recurrent(att @ V, Q, mem, seg)  # (B, h, T, dh) Eq. (5)/(6)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, d)), att
 
-    def _recurrent(self, Q: torch.Tensor, mem: Mapping[str, torch.Tensor], seg: torch.Tensor) -> torch.Tensor:
+    def _allowed(self, mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+        """(B, T, k): the keys step t reads; here every valid key (Eq. 3)."""
+        return mask[:, None, :].expand(mask.shape[0], seg.shape[1], mask.shape[1])
+
+    def _plus_recurrent(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
+                        seg: torch.Tensor) -> torch.Tensor:
+        return out  # no recurrent part outside SRformer
+
+    def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
+             prev: torch.Tensor, membrane: torch.Tensor, raf_out: torch.Tensor, context: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step (Algorithm 1). x (B, d); seg, prev (B,) segment index now / at the last step (-1 at
+        t = 0); context (B, 2, k) the copy-continuation indicators of this step.
+
+        Returns the output (B, d), the RAF membrane and output (B, h, dh, dh) (passed through where
+        there is no RAF), and the softmax weights (B, h, n) over the encoder positions pos (B, n) read.
+        """
+        raise NotImplementedError
+
+
+class FullCrossAttention(CrossAttention):
+    """``full``: softmax attention over every encoder position (the baseline, Eq. 3)."""
+
+    def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
+             prev: torch.Tensor, membrane: torch.Tensor, raf_out: torch.Tensor, context: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, d = x.shape
+        K, V = mem["k"], mem["v"]  # (B, h, k, dh)
+        k = K.shape[2]
+        Q = self.q_proj(x).view(B, self.n_head, 1, self.dh)  # (B, h, 1, dh)
+        att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, k) Eq. (3)
+        if self.match is not None:
+            att = att + torch.einsum("hc,bck->bhk", self.match, context)[:, :, None]
+        att = att.masked_fill(~mask[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
+        out = att @ V  # (B, h, 1, dh) Eq. (5)
+        pos = torch.arange(k, device=x.device).expand(B, k)
+        return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos
+
+
+class SegmentedCrossAttention(CrossAttention):
+    """``segmented``: the query at step t reads only segment i = min(t*m // q, m-1), s keys (Eq. 4, 6)."""
+
+    def _allowed(self, mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+        # Eq. (4): only keys of segment i_t; a masked full softmax equals the softmax over K_Si
+        pos_seg = torch.arange(mask.shape[1], device=mask.device) // self.s  # (k,)
+        return super()._allowed(mask, seg) & (pos_seg[None, None, :] == seg[:, :, None])
+
+    def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
+             prev: torch.Tensor, membrane: torch.Tensor, raf_out: torch.Tensor, context: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, d = x.shape
+        K, V = mem["k"], mem["v"]  # (B, h, k, dh)
+        k = K.shape[2]
+        Q = self.q_proj(x).view(B, self.n_head, 1, self.dh)  # (B, h, 1, dh)
+        # K_s = split(K); read segment i only: positions i*s .. i*s+s-1
+        pos = seg[:, None] * self.s + torch.arange(self.s, device=x.device)  # (B, s)
+        valid = (pos < k) & mask.gather(1, pos.clamp(max=k - 1))  # (B, s)
+        gidx = pos.clamp(max=k - 1)[:, None, :, None].expand(B, self.n_head, self.s, self.dh)
+        keep = valid[:, None, :, None].to(K.dtype)
+        Ks = K.gather(2, gidx) * keep  # (B, h, s, dh) K_Si
+        Vs = V.gather(2, gidx) * keep  # (B, h, s, dh) V_Si
+        att = (Q @ Ks.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, s) Eq. (4)
+        if self.match is not None:  # b_Si: the bias of the segment's positions only
+            seg_context = context.gather(2, pos.clamp(max=k - 1)[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
+            att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]
+        att = att.masked_fill(~valid[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
+        out = att @ Vs  # (B, h, 1, dh) Eq. (6): O_S
+        out, membrane, raf_out = self._recurrent_step(out, Q, mem, Ks, Vs, seg, prev, membrane, raf_out)
+        return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos.clamp(max=k - 1)
+
+    def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
+                        Ks: torch.Tensor, Vs: torch.Tensor, seg: torch.Tensor, prev: torch.Tensor,
+                        membrane: torch.Tensor, raf_out: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return out, membrane, raf_out  # segmented only: no recurrent part
+
+
+class SRformerCrossAttention(SegmentedCrossAttention):
+    """``srformer``: segmented attention plus recurrent attention over the other segments through a RAF
+    neuron, O = O_S + O_R (Eq. 11; with ``recurrent_gate``, O_S + g O_R, Eq. 10's trainable weight)."""
+
+    def __init__(self, config: SRformerConfig):
+        super().__init__(config)
+        self.raf = RAF(self.dh, config.raf_clamp)
+        # Eq. (10): a trainable weight on O_R; from 0 the model starts as the segmented one
+        self.gate = nn.Parameter(torch.zeros(config.n_head, 1, 1)) if config.recurrent_gate else None
+
+    def _weighted(self, o_r: torch.Tensor) -> torch.Tensor:
+        return o_r if self.gate is None else self.gate * o_r
+
+    def _plus_recurrent(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
+                        seg: torch.Tensor) -> torch.Tensor:
         """O_R for every step at once (Eq. 13, 16), the RAF run once per visited segment."""
-        assert self.raf is not None
         B, h, k, dh = mem["k"].shape
         T = seg.shape[1]
         P = remaining_products(mem, self.s)  # (B, h, m, dh, dh) Eq. (16)
@@ -262,57 +342,27 @@ class CrossAttention(nn.Module):
         o_r = blocks.view(B, h, R, L, dh) @ raf_out  # (B, h, R, L, dh)
         o_r = o_r.view(B, h, R * L, dh).gather(2, flat)  # (B, h, T, dh)
         norm_k = mem["ksq"].clamp(min=tiny(Q.dtype, 1e-12)).sqrt()[:, :, None, None]  # (B, h, 1, 1)
-        return o_r / norm_k  # Eq. (13)
+        return out + self._weighted(o_r / norm_k)  # Eq. (13), (11)
 
-    # -- incremental, one step (Algorithm 1) -------------------------------------------
-    def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
-             prev: torch.Tensor, membrane: torch.Tensor, raf_out: torch.Tensor, context: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, d) one step; seg, prev (B,) segment index now / at the last step (-1 at t = 0);
-        context (B, 2, k) the copy-continuation indicators of this step.
+    def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
+                        Ks: torch.Tensor, Vs: torch.Tensor, seg: torch.Tensor, prev: torch.Tensor,
+                        membrane: torch.Tensor, raf_out: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        changed = (seg != prev)[:, None, None, None]  # update only when the index changes
+        # eager mode skips the update when no row changed; traced/exported graphs always
+        # compute it and select (same result, no data-dependent branch)
+        if torch.jit.is_tracing() or torch.compiler.is_exporting() or bool(changed.any()):
+            P = mem["kv"] - Ks.transpose(-2, -1) @ Vs  # (B, h, dh, dh) Eq. (16)
+            new_out, new_membrane = self.raf(P, membrane)
+            raf_out = torch.where(changed, new_out, raf_out)
+            membrane = torch.where(changed, new_membrane, membrane)
+        norm_k = mem["ksq"].clamp(min=tiny(Q.dtype, 1e-12)).sqrt()[:, :, None, None]  # (B, h, 1, 1)
+        return out + self._weighted((Q @ raf_out) / norm_k), membrane, raf_out  # Eq. (13), (11)
 
-        Returns the output (B, d), the RAF membrane and output (B, h, dh, dh), and
-        the softmax weights (B, h, n) over the encoder positions pos (B, n) read.
-        """
-        B, d = x.shape
-        K, V = mem["k"], mem["v"]  # (B, h, k, dh)
-        k = K.shape[2]
-        Q = self.q_proj(x).view(B, self.n_head, 1, self.dh)  # (B, h, 1, dh)
-        if self.mode == "full":
-            att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, k) Eq. (3)
-            if self.match is not None:
-                att = att + torch.einsum("hc,bck->bhk", self.match, context)[:, :, None]
-            att = att.masked_fill(~mask[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
-            out = att @ V  # (B, h, 1, dh) Eq. (5)
-            pos = torch.arange(k, device=x.device).expand(B, k)
-            return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos
-        # K_s = split(K); read segment i only: positions i*s .. i*s+s-1
-        pos = seg[:, None] * self.s + torch.arange(self.s, device=x.device)  # (B, s)
-        valid = (pos < k) & mask.gather(1, pos.clamp(max=k - 1))  # (B, s)
-        gidx = pos.clamp(max=k - 1)[:, None, :, None].expand(B, self.n_head, self.s, self.dh)
-        keep = valid[:, None, :, None].to(K.dtype)
-        Ks = K.gather(2, gidx) * keep  # (B, h, s, dh) K_Si
-        Vs = V.gather(2, gidx) * keep  # (B, h, s, dh) V_Si
-        att = (Q @ Ks.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, s) Eq. (4)
-        if self.match is not None:  # b_Si: the bias of the segment's positions only
-            seg_context = context.gather(2, pos.clamp(max=k - 1)[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
-            att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]
-        att = att.masked_fill(~valid[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
-        out = att @ Vs  # (B, h, 1, dh) Eq. (6): O_S
-        if self.mode == "srformer":
-            assert self.raf is not None
-            changed = (seg != prev)[:, None, None, None]  # update only when the index changes
-            # eager mode skips the update when no row changed; traced/exported graphs always
-            # compute it and select (same result, no data-dependent branch)
-            if torch.jit.is_tracing() or torch.compiler.is_exporting() or bool(changed.any()):
-                P = mem["kv"] - Ks.transpose(-2, -1) @ Vs  # (B, h, dh, dh) Eq. (16)
-                new_out, new_membrane = self.raf(P, membrane)
-                raf_out = torch.where(changed, new_out, raf_out)
-                membrane = torch.where(changed, new_membrane, membrane)
-            norm_k = mem["ksq"].clamp(min=tiny(Q.dtype, 1e-12)).sqrt()[:, :, None, None]  # (B, h, 1, 1)
-            o_r = (Q @ raf_out) / norm_k  # Eq. (13)
-            out = out + (o_r if self.gate is None else self.gate * o_r)  # Eq. (11)
-        return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos.clamp(max=k - 1)
+
+CROSS_ATTENTION: dict[str, type[CrossAttention]] = {
+    "full": FullCrossAttention, "segmented": SegmentedCrossAttention, "srformer": SRformerCrossAttention,
+}
 
 
 class SelfAttention(nn.Module):
@@ -350,16 +400,14 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Decoder block: self-attention, cross-attention, MLP; pre-LN, or post-LN as BERT's layers
-    (``norm_position="post"``, so MiniLM's layers can warm-start it, BERT2BERT-style)."""
+    """Pre-LN decoder block: self-attention, cross-attention (the config's variant), MLP."""
 
     def __init__(self, config: SRformerConfig):
         super().__init__()
-        self.post_norm = config.norm_position == "post"
         self.ln_1 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.attn = SelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.cross = CrossAttention(config)
+        self.cross = CROSS_ATTENTION[config.cross_attention](config)
         self.ln_3 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.mlp = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))
@@ -367,11 +415,6 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
                 seg: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.post_norm:
-            x = self.ln_1(x + self.drop(self.attn(x)))
-            a, att = self.cross(x, mem, mask, seg, match)
-            x = self.ln_2(x + self.drop(a))
-            return self.ln_3(x + self.drop(self.mlp(x))), att
         x = x + self.drop(self.attn(self.ln_1(x)))
         a, att = self.cross(self.ln_2(x), mem, mask, seg, match)
         x = x + self.drop(a)
@@ -385,13 +428,6 @@ class Block(nn.Module):
         output (B, d), the cache's next values, and the cross-attention weights and positions (see
         :meth:`CrossAttention.step`)."""
         new: State = {}
-        if self.post_norm:
-            a, new["self_k"], new["self_v"] = self.attn.step(x, cache["self_k"], cache["self_v"], self_valid)
-            x = self.ln_1(x + a)
-            a, new["membrane"], new["raf_out"], att, pos = self.cross.step(
-                x, mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
-            x = self.ln_2(x + a)
-            return self.ln_3(x + self.mlp(x)), new, att, pos
         a, new["self_k"], new["self_v"] = self.attn.step(self.ln_1(x), cache["self_k"], cache["self_v"],
                                                          self_valid)
         x = x + a
@@ -399,6 +435,32 @@ class Block(nn.Module):
             self.ln_2(x), mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
         x = x + a
         return x + self.mlp(self.ln_3(x)), new, att, pos
+
+
+class PostLNBlock(Block):
+    """Post-LN block, as BERT's layers (``norm_position="post"``), so MiniLM's layers can warm-start it
+    (BERT2BERT-style, :func:`warm_start_from_minilm`)."""
+
+    def forward(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
+                seg: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.ln_1(x + self.drop(self.attn(x)))
+        a, att = self.cross(x, mem, mask, seg, match)
+        x = self.ln_2(x + self.drop(a))
+        return self.ln_3(x + self.drop(self.mlp(x))), att
+
+    def step(self, x: torch.Tensor, cache: Mapping[str, torch.Tensor], mem: Mapping[str, torch.Tensor],
+             mask: torch.Tensor, seg: torch.Tensor, prev: torch.Tensor, context: torch.Tensor,
+             self_valid: torch.Tensor) -> tuple[torch.Tensor, State, torch.Tensor, torch.Tensor]:
+        new: State = {}
+        a, new["self_k"], new["self_v"] = self.attn.step(x, cache["self_k"], cache["self_v"], self_valid)
+        x = self.ln_1(x + a)
+        a, new["membrane"], new["raf_out"], att, pos = self.cross.step(
+            x, mem, mask, seg, prev, cache["membrane"], cache["raf_out"], context)
+        x = self.ln_2(x + a)
+        return self.ln_3(x + self.mlp(x)), new, att, pos
+
+
+BLOCKS: dict[str, type[Block]] = {"pre": Block, "post": PostLNBlock}
 
 
 class SRformer(nn.Module):
@@ -418,7 +480,7 @@ class SRformer(nn.Module):
         self.ln_e = (nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)  # BERT's embedding LayerNorm
                      if config.norm_position == "post" else None)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.blocks = nn.ModuleList([BLOCKS[config.norm_position](config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.embed_out = nn.Linear(config.d_model, config.embed_dim)  # tied to wte after this
         self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))

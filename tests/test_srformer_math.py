@@ -20,9 +20,9 @@ def tiny(mode: str, **overrides: object) -> SRformer:
     with torch.no_grad():  # non-trivial RAF parameters: some neurons fire, some do not
         model.wte.normal_()
         for block in model.blocks:
-            if block.cross.gate is not None:
+            if getattr(block.cross, "gate", None) is not None:
                 block.cross.gate.uniform_(0.5, 1.5)
-            if block.cross.raf is not None:
+            if getattr(block.cross, "raf", None) is not None:
                 block.cross.raf.threshold.uniform_(-0.05, 0.3)
                 block.cross.raf.leak.uniform_(-1.0, 3.0)
     return model

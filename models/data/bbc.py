@@ -20,7 +20,6 @@ from models.data import summarization as summarization_data
 
 ARTICLES = "News Articles"
 SUMMARIES = "Summaries"
-SPLITS = ("train", "dev", "test")
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ import torch
 import torch.nn as nn
 
 from models.checkpoint import Checkpoint
+from models.minilm import load_minilm_encoder
 from models.segment import TensorSpec
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
-from models.srformer import SRformer, SRformerConfig, load_srformer
+from models.srformer import SRformer, load_srformer
 from models.summary_stream import state_and_chunk_specs
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
@@ -72,18 +73,12 @@ class DecodeStep(nn.Module):
         return tuple(outputs)
 
 
-def _encoder(config: SRformerConfig) -> nn.Module:
-    from models.minilm import load_minilm_encoder
-
-    return load_minilm_encoder().eval()
-
-
 def srformer_servable(checkpoint: Checkpoint) -> Servable:
     assert checkpoint.folder is not None
     model = load_srformer(str(checkpoint.folder))
     c = model.config
     h, dh, layers = c.n_head, c.d_model // c.n_head, c.n_layer
-    encoder = _encoder(c)
+    encoder = load_minilm_encoder().eval()  # the frozen MiniLM the model was trained on
 
     def encode_sample(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         width = int(torch.randint(3, 40, (1,), generator=generator))
