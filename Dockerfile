@@ -1,7 +1,11 @@
-# rtserve GPU image: onnxruntime-gpu on CUDA 12 / cuDNN 9.
+# rtserve image. Default: the GPU image, onnxruntime-gpu on CUDA 12 / cuDNN 9.
 # Build:  docker build -t rtserve:gpu .
-# Run:    docker compose up   (see docker-compose.yml)
-FROM nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 AS runtime
+#         docker build --build-arg BASE_IMAGE=ubuntu:24.04 --build-arg ORT=cpu -t rtserve:cpu .   (no GPU)
+# Run:    docker compose up   (see docker-compose.yml, docker-compose.cpu.yml and docs/deploy.md)
+ARG BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
+FROM ${BASE_IMAGE} AS runtime
+# onnxruntime build: gpu (onnxruntime-gpu) or cpu (onnxruntime)
+ARG ORT=gpu
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -26,9 +30,9 @@ COPY export ./export
 COPY loadtest ./loadtest
 COPY weights ./weights
 
-# The GPU build of ONNX Runtime (`make ORT=gpu`), then the model repository
+# The ONNX Runtime build (`make ORT=gpu` by default), then the model repository
 # exported from the committed weights, so the container starts serving at once.
-RUN make ORT=gpu PYTHON=python3.11 install \
+RUN make ORT=${ORT} PYTHON=python3.11 install \
     && .venv/bin/rtserve export --all weights --out "$RTSERVE_MODEL_REPOSITORY"
 
 RUN useradd --create-home --uid 10001 rtserve && chown -R rtserve /srv/rtserve

@@ -41,7 +41,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis_url = embedded.start()
         log.info("started embedded Redis at %s", redis_url)
     store = StateStore.from_url(redis_url, settings.redis_key_prefix, settings.redis_timeout_seconds,
-                                settings.redis_max_connections, settings.redis_pool_timeout_seconds)
+                                settings.redis_max_connections, settings.redis_pool_timeout_seconds,
+                                cluster=settings.redis_cluster)
     registry = ModelRegistry(settings, metrics)
     app.state.store = store
     app.state.models = registry

@@ -10,11 +10,26 @@ Keys of one session share one hash slot (``<prefix>:{<id>}:...``):
 - ``chunks`` list of safetensors blobs, append-only (state that grows, e.g. SRformer's per-window keys/values)
 - ``lock``   short-lived marker of the replica applying the next piece
 
-Two indexes live outside the session's slot, both scored by the time each
-session goes idle-expired: ``<prefix>:owner:<quota>:sessions`` (sessions per
-API key, or per client address without keys: the quota) and
-``<prefix>:live:<model>`` (open sessions per model), from which every replica
-reads the same active-session count.
+Two indexes live outside the session's slot, both sorted sets scored by the
+time each session goes idle-expired: ``<prefix>:owner:<quota>:sessions``
+(sessions per API key, or per client address without keys: the quota) and
+the live index of open sessions per model, from which every replica reads the
+same active-session count: ``<prefix>:live:<model>`` on one Redis server, or,
+on a Redis Cluster (``RTSERVE_REDIS_CLUSTER``), 16 shards
+``<prefix>:live:<model>:<n>`` (n = CRC32 of the session id mod 16), so that the
+index writes of a busy model spread over the cluster's nodes instead of
+heating one key; the count is the sum of the shards.
+
+Every Lua script touches the keys of one hash slot only: the session's own
+keys, or the one quota key (``QUOTA_SCRIPT``). The indexes are updated by plain
+commands sent in the same round trip as the session's script (on a cluster, to
+whichever nodes hold them, in parallel), so they are not atomic with the
+session: they are counts for quotas and gauges, never the source of truth
+about a session. What that allows: a session whose index update failed (its
+request answered 503, the piece itself applied or not) keeps its last index
+score and may leave the count early, undercounting by one until it ends; a
+failover that loses the newest writes of a primary (replication is
+asynchronous) may lose a quota reservation or an index entry with them.
 
 A create first reserves its place in the quota index (``QUOTA_SCRIPT``: prune,
 count, add, atomically, so parallel creates cannot overshoot), then writes
@@ -45,6 +60,7 @@ import hashlib
 import json
 import secrets
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -147,6 +163,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+LIVE_INDEX_SHARDS = 16  # shards of each model's live index on a Redis Cluster (one key on a single server)
 WAIT_SECONDS = 60.0  # longest wait behind a live holder that keeps refreshing its lease
 
 
@@ -229,6 +246,7 @@ class SessionStore:
         self._create = self.redis.register_script(CREATE_SCRIPT)
         self._refresh = self.redis.register_script(REFRESH_SCRIPT)
         self.lock_ms = max(1, int(settings.session_lock_seconds * 1000))
+        self.live_shards = LIVE_INDEX_SHARDS if store.cluster else 1
 
     def _keys(self, session_id: str) -> dict[str, str]:
         return {part: self.store.key(session_id, part) for part in ("meta", "state", "result", "chunks", "lock")}
@@ -236,8 +254,16 @@ class SessionStore:
     def _owner_key(self, quota: str) -> str:
         return f"{self.store.prefix}:owner:{quota}:sessions"
 
-    def _live_key(self, model: str) -> str:
-        return f"{self.store.prefix}:live:{model}"
+    def _live_key(self, model: str, session_id: str) -> str:
+        """The live-index key ``session_id`` counts in: the model's one key, or its shard on a cluster."""
+        if self.live_shards == 1:
+            return f"{self.store.prefix}:live:{model}"
+        return f"{self.store.prefix}:live:{model}:{zlib.crc32(session_id.encode()) % self.live_shards}"
+
+    def _live_keys(self, model: str) -> list[str]:
+        if self.live_shards == 1:
+            return [f"{self.store.prefix}:live:{model}"]
+        return [f"{self.store.prefix}:live:{model}:{shard}" for shard in range(self.live_shards)]
 
     def _ttl(self, deadline: float) -> int:
         return max(1, min(self.settings.session_ttl_seconds, int(deadline - time.time())))
@@ -267,8 +293,8 @@ class SessionStore:
                 pairs = [str(item) for field in fields.items() for item in field]
                 await self._script_with(
                     self._create, [keys["meta"], keys["state"]], [ttl, blob, *pairs],
-                    lambda pipe: pipe.zadd(self._live_key(model), {session_id: now + ttl})
-                    .zremrangebyscore(self._live_key(model), "-inf", now),  # prune idle-expired ones here
+                    lambda pipe: pipe.zadd(self._live_key(model, session_id), {session_id: now + ttl})
+                    .zremrangebyscore(self._live_key(model, session_id), "-inf", now),  # prune idle-expired ones
                 )
         except BaseException:
             await self._forget(session_id, quota, model)
@@ -282,7 +308,7 @@ class SessionStore:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.delete(*self._keys(session_id).values())
-                pipe.zrem(self._owner_key(quota), session_id).zrem(self._live_key(model), session_id)
+                pipe.zrem(self._owner_key(quota), session_id).zrem(self._live_key(model, session_id), session_id)
                 await pipe.execute()
         except Exception:  # Redis is gone: the reservation lapses with the idle TTL, counted until then
             pass
@@ -300,14 +326,19 @@ class SessionStore:
         return meta
 
     async def live_counts(self, models: list[str]) -> dict[str, int]:
-        """Open sessions per model whose idle expiry lies ahead (read-only: pruning happens at create)."""
+        """Open sessions per model whose idle expiry lies ahead (read-only: pruning happens at create).
+
+        One round trip: a ZCOUNT per model (per shard on a cluster, summed), pipelined.
+        """
         now = time.time()
         with self.store.unavailable_as_error(), self.metrics.time_redis("live_counts"):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for model in models:
-                    pipe.zcount(self._live_key(model), now, "+inf")
+                    for key in self._live_keys(model):
+                        pipe.zcount(key, now, "+inf")
                 counts = await pipe.execute()
-        return dict(zip(models, counts, strict=True))
+        shards = self.live_shards
+        return {model: sum(counts[i * shards : (i + 1) * shards]) for i, model in enumerate(models)}
 
     async def snapshot(
         self, session_id: str, owner: str, with_chunks: bool = False
@@ -375,7 +406,7 @@ class SessionStore:
             # the live index sits outside the session's hash slot: its own command, in the same round trip
             reply = await self._script_with(
                 self._commit, commit_keys, args,
-                lambda pipe: pipe.zadd(self._live_key(meta.model), {meta.id: idle_expiry}, xx=True)
+                lambda pipe: pipe.zadd(self._live_key(meta.model, meta.id), {meta.id: idle_expiry}, xx=True)
                 .zadd(self._owner_key(meta.quota), {meta.id: idle_expiry}, xx=True),
             )
         outcome = int(reply[0])
@@ -397,14 +428,18 @@ class SessionStore:
             )
             outcome = int(reply[0])
             if outcome == 1:
-                await self.redis.zrem(self._live_key(meta.model), meta.id)
+                await self.redis.zrem(self._live_key(meta.model, meta.id), meta.id)
         return outcome, (SessionMeta.from_hash(meta.id, reply[1], int(reply[2])) if outcome in (1, 2) else None)
 
     async def _script_with(self, script: Any, keys: list[str], args: list[Any], also: Callable[[Any], Any]) -> Any:
-        """EVALSHA ``script`` plus the commands ``also`` queues, in one round trip; reloads a script Redis lost."""
+        """EVALSHA ``script`` plus the commands ``also`` queues, in one round trip; reloads a script Redis lost.
+
+        On a cluster the pipeline splits by node and the nodes are sent to in parallel (redis-py blocks the
+        ``evalsha`` method in cluster pipelines, not the command: the script's keys share one slot).
+        """
         for attempt in range(2):
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 also(pipe)
                 replies = await pipe.execute(raise_on_error=False)
             if isinstance(replies[0], NoScriptError) and attempt == 0:  # a restarted Redis: load it, go again
@@ -422,7 +457,8 @@ class SessionStore:
         with self.store.unavailable_as_error(), self.metrics.time_redis("delete"):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.delete(*keys.values())
-                pipe.zrem(self._owner_key(meta.quota), session_id).zrem(self._live_key(meta.model), session_id)
+                pipe.zrem(self._owner_key(meta.quota), session_id).zrem(self._live_key(meta.model, session_id),
+                                                                        session_id)
                 await pipe.execute()
 
     async def refresh(self, session_id: str, token: str) -> bool:

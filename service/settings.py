@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.runtime.devices import check_device, check_precision
@@ -28,6 +28,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None,
         description="Redis server for session state. Unset: an embedded Redis is started with the service.",
+    )
+    redis_cluster: bool = Field(
+        False,
+        description="RTSERVE_REDIS_URL names one node of a Redis Cluster: the client learns the slot map from it "
+        "and follows failovers. Needs RTSERVE_REDIS_URL.",
     )
     redis_key_prefix: str = Field("rtserve", description="Namespace of every Redis key the service writes.")
     redis_timeout_seconds: float = Field(2.0, gt=0, description="Socket timeout for Redis operations.")
@@ -152,6 +157,13 @@ class Settings(BaseSettings):
             if size < 1:
                 raise ValueError(f"batch size {size} for model {name!r} must be at least 1")
         return value
+
+    @model_validator(mode="after")
+    def _cluster_needs_a_url(self) -> Settings:
+        if self.redis_cluster and not self.redis_url:
+            raise ValueError("RTSERVE_REDIS_CLUSTER=true needs RTSERVE_REDIS_URL (any one node of the cluster); "
+                             "the embedded Redis is a single server")
+        return self
 
     def device_for(self, model: str) -> str:
         """The device setting of ``model`` (auto, cpu, cuda, cuda:N), before resolution."""

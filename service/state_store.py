@@ -3,6 +3,10 @@
 Keys are namespaced and cluster-safe: ``<prefix>:{<session-id>}:<part>``, so
 all keys of one session fall in one hash slot and can be touched by one Lua
 script. Values are safetensors bytes (see :mod:`service.tensor_codec`).
+
+The client is a plain ``Redis`` (one server, or a Sentinel-managed primary behind
+one address) or, with ``RTSERVE_REDIS_CLUSTER=true``, a ``RedisCluster`` that
+learns the slot map from the URL's node and follows MOVED/ASK and failovers.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from contextlib import contextmanager
 
 import numpy as np
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ClusterDownError, OutOfMemoryError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.tensor_codec import decode_tensors, encode_tensors
@@ -42,18 +47,23 @@ def _describe(url: str) -> str:
 
 
 REDIS_DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+# A cluster in the middle of a failover: CLUSTERDOWN, TRYAGAIN, or a slot no reachable primary serves yet.
+CLUSTER_DOWN_ERRORS = (ClusterDownError, TryAgainError, SlotNotCoveredError)
 
 
 class StateStore:
-    def __init__(self, client: aioredis.Redis, url: str, prefix: str = "rtserve") -> None:
+    def __init__(
+        self, client: aioredis.Redis | RedisCluster, url: str, prefix: str = "rtserve", cluster: bool = False
+    ) -> None:
         self.client = client
         self.url = url
         self.prefix = prefix
+        self.cluster = cluster  # True: a RedisCluster client; keys of one session still share one slot
 
     @classmethod
     def from_url(
         cls, url: str, prefix: str = "rtserve", timeout_seconds: float = 2.0, max_connections: int = 256,
-        pool_timeout_seconds: float = 10.0,
+        pool_timeout_seconds: float = 10.0, cluster: bool = False,
     ) -> StateStore:
         """A client whose pool, when all ``max_connections`` are busy, makes a request wait for one.
 
@@ -61,7 +71,22 @@ class StateStore:
         A broken connection (a pooled socket that a restarted Redis closed) is retried twice on a fresh
         one: every write the service sends is idempotent when repeated (compare-and-set scripts,
         ZADD/SET of the same values), so a repeat can never apply a piece twice.
+
+        With ``cluster``, ``url`` names any one node of a Redis Cluster; ``max_connections`` is then per
+        node, and redis-py's cluster pool does not wait for a free connection: past that many concurrent
+        commands on one node a request answers 503 at once. A command that meets a node going down
+        (a failover) is retried up to 3 times with backoff while the client refreshes the slot map.
         """
+        if cluster:
+            client = RedisCluster.from_url(
+                url,
+                max_connections=max_connections,
+                socket_timeout=timeout_seconds,
+                socket_connect_timeout=timeout_seconds,
+                decode_responses=False,
+                retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
+            )
+            return cls(client, url, prefix, cluster=True)
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -84,6 +109,10 @@ class StateStore:
             yield
         except REDIS_DOWN_ERRORS as error:
             raise StateStoreUnavailable(f"Redis at {_describe(self.url)} is unreachable: {error}") from error
+        except CLUSTER_DOWN_ERRORS as error:
+            raise StateStoreUnavailable(
+                f"Redis Cluster at {_describe(self.url)} is failing over or down: {error}"
+            ) from error
         except ResponseError as error:  # OutOfMemoryError, or EXECABORT of a transaction for the same reason
             if not isinstance(error, OutOfMemoryError) and "maxmemory" not in str(error):
                 raise
@@ -100,18 +129,27 @@ class StateStore:
 
         Sessions must never be evicted: any ``maxmemory-policy`` but ``noeviction`` can drop a session's
         keys one by one, leaving half a session. Warns (does not fail) when Redis is set so.
+        On a cluster the write lands on one primary and the policy of every primary is read.
         """
         with self.unavailable_as_error():
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.set(f"{self.prefix}:readyz", b"1", px=1000).info("memory")
-                _, memory = await pipe.execute()
-        policy = str(memory.get("maxmemory_policy", "noeviction"))
-        if isinstance(memory.get("maxmemory_policy"), bytes):
-            policy = memory["maxmemory_policy"].decode()
-        if policy != "noeviction":
-            return [f"Redis maxmemory-policy is {policy}: it may evict sessions (whole or in part); "
-                    "rtserve requires noeviction"]
-        return []
+            if self.cluster:
+                await self.client.set(f"{self.prefix}:readyz", b"1", px=1000)
+                per_node = await self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+                memories = dict(per_node)
+            else:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    pipe.set(f"{self.prefix}:readyz", b"1", px=1000).info("memory")
+                    _, memory = await pipe.execute()
+                memories = {"": memory}
+        warnings = []
+        for node, memory in sorted(memories.items()):
+            policy = memory.get("maxmemory_policy", "noeviction")
+            policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+            if policy != "noeviction":
+                where = f" on {node}" if node else ""
+                warnings.append(f"Redis maxmemory-policy is {policy}{where}: it may evict sessions (whole or in "
+                                "part); rtserve requires noeviction")
+        return warnings
 
     async def put_tensors(
         self,

@@ -1,0 +1,124 @@
+"""The Kubernetes base (deploy/k8s/base), rendered and validated offline: core resources against the
+Kubernetes JSON schemas that kubernetes-validate ships (strict: unknown fields fail), the Prometheus
+Operator resources by their shape, and the probes and drain timings against the service itself."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "deploy" / "k8s" / "base"
+K8S_VERSION = "1.32.0"
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: not in the Kubernetes schemas
+
+
+def rendered() -> list[dict]:
+    """The base as ``kubectl apply -k`` sends it: its resources, in order (the kustomization has no transformers)."""
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert set(kustomization) == {"apiVersion", "kind", "resources"}, "a transformer: render with kubectl kustomize"
+    return [doc for name in kustomization["resources"] for doc in yaml.safe_load_all((BASE / name).read_text())]
+
+
+def by_kind() -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in rendered()}
+
+
+def test_kubectl_kustomize_renders_the_same_resources():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not on PATH: the base is checked resource by resource only")
+    output = subprocess.run([kubectl, "kustomize", str(BASE)], capture_output=True, text=True, check=True).stdout
+    key = lambda doc: (doc["kind"], doc["metadata"]["name"])  # noqa: E731
+    assert sorted(yaml.safe_load_all(output), key=key) == sorted(rendered(), key=key)
+
+
+def test_every_core_resource_is_valid_against_the_kubernetes_schema():
+    checked = []
+    for doc in rendered():
+        if doc["kind"] in OPERATOR_KINDS:
+            continue
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        checked.append(doc["kind"])
+    assert sorted(checked) == sorted(["ConfigMap", "Secret", "Deployment", "Service", "HorizontalPodAutoscaler",
+                                      "PodDisruptionBudget"])
+
+
+def test_the_schema_check_catches_a_misplaced_field():
+    deployment = by_kind()["Deployment"]
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+def test_the_deployment_asks_for_a_gpu_and_probes_real_routes():
+    from service.app import create_app
+
+    routes = {path for path, ops in create_app().openapi()["paths"].items() if "get" in ops}
+    container = by_kind()["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] in routes
+        assert container[probe]["httpGet"]["port"] == container["ports"][0]["name"]
+
+
+def test_the_grace_period_covers_prestop_and_the_services_own_drain():
+    """SIGTERM comes after preStop; uvicorn then waits RTSERVE_SHUTDOWN_TIMEOUT_SECONDS for in-flight requests
+    (service/server.py) and closes models and Redis: the kubelet's SIGKILL must come after all of it."""
+    from service.settings import Settings
+
+    resources = by_kind()
+    pod = resources["Deployment"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    shutdown = float(resources["ConfigMap"]["data"]["RTSERVE_SHUTDOWN_TIMEOUT_SECONDS"])
+    assert pod["terminationGracePeriodSeconds"] >= float(command[1]) + shutdown + 5
+    unknown = [name for name in {**resources["ConfigMap"]["data"], **resources["Secret"]["stringData"]}
+               if name.removeprefix("RTSERVE_").lower() not in Settings.model_fields]
+    assert not unknown, f"not settings: {unknown}"
+    refs = {(kind, ref["name"]) for source in container["envFrom"] for kind, ref in source.items()}
+    assert refs == {("configMapRef", resources["ConfigMap"]["metadata"]["name"]),
+                    ("secretRef", resources["Secret"]["metadata"]["name"])}
+
+
+def test_the_hpa_scales_the_deployment_on_the_metric_the_adapter_serves():
+    resources = by_kind()
+    hpa = resources["HorizontalPodAutoscaler"]["spec"]
+    assert hpa["scaleTargetRef"]["name"] == resources["Deployment"]["metadata"]["name"]
+    metric = hpa["metrics"][0]["pods"]["metric"]["name"]
+    adapter = yaml.safe_load((ROOT / "deploy" / "k8s" / "prometheus-adapter-values.yaml").read_text())
+    (rule,) = adapter["rules"]["custom"]
+    assert rule["name"]["as"] == metric
+    assert rule["seriesQuery"].startswith("rtserve_batch_queue_seconds_bucket")  # a family the service exports
+    assert '"rtserve_batch_queue_seconds"' in (ROOT / "service" / "metrics.py").read_text()
+    assert resources["PodDisruptionBudget"]["spec"]["minAvailable"] < hpa["minReplicas"]
+
+
+def test_the_operator_resources_have_their_crd_shape_and_the_compose_rules():
+    resources = by_kind()
+    monitor = resources["ServiceMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"] == resources["Service"]["spec"]["selector"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == resources["Service"]["spec"]["ports"][0]["name"] and endpoint["path"] == "/metrics"
+    rule = resources["PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    compose_rules = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text())
+    assert rule["spec"]["groups"] == compose_rules["groups"], "regenerate prometheusrule.yaml from alerts.yml"
+
+
+def test_the_redis_cluster_values_keep_sessions():
+    values = yaml.safe_load((ROOT / "deploy" / "k8s" / "redis-cluster-values.yaml").read_text())
+    config = dict(line.split(" ", 1) for line in values["redis"]["configmap"].splitlines())
+    assert config["maxmemory-policy"] == "noeviction" and config["appendonly"] == "yes"
+    assert config["appendfsync"] == "everysec"
+    assert values["cluster"]["nodes"] == 6 and values["cluster"]["replicas"] == 1
+    assert by_kind()["ConfigMap"]["data"]["RTSERVE_REDIS_CLUSTER"] == "true"
