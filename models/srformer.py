@@ -42,13 +42,11 @@ Decoder blocks are pre-LN (:class:`Block`, ``norm_position="pre"``, trained from
 shipped recipe) or post-LN like BERT's (:class:`PostLNBlock`), so that :func:`warm_start_from_minilm`
 can start them from MiniLM's layers (BERT2BERT, Rothe et al., 2020).
 
-Serving (segment-model contract, DESIGN.md): :class:`SummarizerStream` reads a
-document as UTF-8 text pieces of any size. Its state holds the undecoded bytes,
-the tokens of the open encoder window, and - append-only - the source ids, the
-per-layer cross-attention keys/values of every closed window and the running
-K'V and sum(K^2) accumulators. ``readout`` closes the last window and decodes.
-The decoder step (:meth:`SRformer.step`) is a pure tensor function: caches and
-RAF state in, logits and caches out.
+Serving (segment-model contract, DESIGN.md): the decoder step (:meth:`SRformer.step`) is a pure
+tensor function, caches and RAF state in, log-probabilities and caches out; :meth:`SRformer.memory`
+is what one encoder window adds. Reading a document as text pieces of any size is the family's
+stream, ``models/summary_stream.py`` (numpy), which the service wraps over the exported graphs and
+``models.serving.srformer.EagerSummarizer`` runs on this module.
 """
 
 from __future__ import annotations
@@ -63,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.decoding import BeamSearch, GreedySearch, Search
-from models.segment import State, TensorSpec
+from models.segment import State
 
 MODES = ("full", "segmented", "srformer")
 NEG = -1e30  # additive mask value (finite: a fully masked row stays finite)
@@ -698,138 +696,6 @@ def encode_windows(encoder: nn.Module, ids: torch.Tensor, window: int, cls_id: i
     if not outs:
         return torch.zeros(0, encoder.config.hidden_size)
     return torch.cat(outs, dim=0)
-
-
-class SummarizerStream:
-    """The summarizer as a segment model over text pieces (DESIGN.md contract).
-
-    state (batch 1):
-      ``pending_text`` (1, p) uint8   bytes after the last whitespace (a word may be split)
-      ``pending_ids``  (1, w) int64   tokens of the open encoder window (w < encoder_window)
-      ``source_ids``   (1, k) int64   tokens of closed windows                    [append-only]
-      ``k{l}``, ``v{l}`` (1, h, k, dh) cross-attention keys/values per layer      [append-only]
-      ``kv{l}`` (1, h, dh, dh), ``ksq{l}`` (1, h) running K'V and sum(K^2)        [constant size]
-    A step writes the new pending bytes/ids plus, for each window it closes,
-    that window's keys, values and ids: O(new text), never O(document).
-    """
-
-    def __init__(self, model: SRformer, encoder: nn.Module, tokenizer: object):
-        self.model = model.eval()
-        self.encoder = encoder.eval()
-        self.tokenizer = tokenizer
-        self.window = model.config.encoder_window
-
-    def state_spec(self) -> list[TensorSpec]:
-        c = self.model.config
-        dh = c.d_model // c.n_head
-        spec = [TensorSpec("pending_text", "uint8", ("batch", "pending_bytes")),
-                TensorSpec("pending_ids", "int64", ("batch", "pending_tokens")),
-                TensorSpec("source_ids", "int64", ("batch", "source_tokens"))]
-        for layer in range(c.n_layer):
-            spec += [TensorSpec(f"k{layer}", "float32", ("batch", c.n_head, "source_tokens", dh)),
-                     TensorSpec(f"v{layer}", "float32", ("batch", c.n_head, "source_tokens", dh)),
-                     TensorSpec(f"kv{layer}", "float32", ("batch", c.n_head, dh, dh)),
-                     TensorSpec(f"ksq{layer}", "float32", ("batch", c.n_head))]
-        return spec
-
-    def init_state(self, batch: int = 1) -> State:
-        if batch != 1:
-            raise ValueError("SummarizerStream reads one document per state; stack states to batch")
-        c = self.model.config
-        dh = c.d_model // c.n_head
-        state: State = {"pending_text": torch.zeros(1, 0, dtype=torch.uint8),
-                        "pending_ids": torch.zeros(1, 0, dtype=torch.long),
-                        "source_ids": torch.zeros(1, 0, dtype=torch.long)}
-        for layer in range(c.n_layer):
-            state[f"k{layer}"] = torch.zeros(1, c.n_head, 0, dh)
-            state[f"v{layer}"] = torch.zeros(1, c.n_head, 0, dh)
-            state[f"kv{layer}"] = torch.zeros(1, c.n_head, dh, dh)
-            state[f"ksq{layer}"] = torch.zeros(1, c.n_head)
-        return state
-
-    def _tokenize(self, text: str) -> torch.Tensor:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids  # type: ignore[attr-defined]
-        return torch.tensor(ids, dtype=torch.long)
-
-    @torch.no_grad()
-    def _close_windows(self, state: State, ids: torch.Tensor, final: bool) -> State:
-        """Encode every full window of ``ids`` (and the rest if final); append to the state."""
-        c = self.model.config
-        limit = c.max_source if c.max_source > 0 else None
-        done = state["source_ids"].shape[1]
-        if limit is not None:
-            ids = ids[: max(limit - done, 0)]
-        cut = ids.shape[0] if final else (ids.shape[0] // self.window) * self.window
-        if limit is not None and done + ids.shape[0] >= limit:
-            cut = ids.shape[0]  # the truncation point closes the last window
-        closed, rest = ids[:cut], ids[cut:]
-        new = dict(state)
-        new["pending_ids"] = rest[None]
-        if closed.numel() == 0:
-            return new
-        new["source_ids"] = torch.cat([state["source_ids"], closed[None]], dim=1)
-        for start in range(0, closed.shape[0], self.window):  # one window at a time: same ops
-            window = closed[start: start + self.window]  # however the text was cut into pieces
-            enc = encode_windows(self.encoder, window, self.window, c.bos_id, c.eos_id)[None]  # (1, w, E)
-            last = new["source_ids"][0, done + start - 1] if done + start > 0 else torch.tensor(c.bos_id)
-            mem = self.model.memory(enc, torch.ones(1, window.shape[0], dtype=torch.bool), window[None],
-                                    last.reshape(1))
-            for layer, mem_l in enumerate(mem):
-                new[f"k{layer}"] = torch.cat([new[f"k{layer}"], mem_l["k"]], dim=2)
-                new[f"v{layer}"] = torch.cat([new[f"v{layer}"], mem_l["v"]], dim=2)
-                new[f"kv{layer}"] = new[f"kv{layer}"] + mem_l["kv"]
-                new[f"ksq{layer}"] = new[f"ksq{layer}"] + mem_l["ksq"]
-        return new
-
-    def step(self, state: Mapping[str, torch.Tensor], segment: Mapping[str, torch.Tensor]) -> tuple[State, State]:
-        """segment {"text": (1, n) uint8 UTF-8 bytes} -> (state', {"tokens": (1,) tokens read so far})."""
-        data = bytes(state["pending_text"][0].tolist()) + bytes(segment["text"][0].tolist())
-        # keep an incomplete UTF-8 sequence and the word after the last whitespace for later
-        cut = len(data)
-        while cut > 0 and (data[cut - 1] & 0xC0) == 0x80:
-            cut -= 1
-        if cut > 0 and data[cut - 1] >= 0xC0:
-            cut -= 1  # a lead byte whose continuation has not arrived
-        text = data[:cut].decode("utf-8", errors="replace")
-        split = max((i for i, ch in enumerate(text) if ch.isspace()), default=-1) + 1
-        ready, tail = text[:split], text[split:].encode("utf-8") + data[cut:]
-        new = dict(state)
-        new["pending_text"] = torch.tensor(list(tail), dtype=torch.uint8)[None]
-        ids = torch.cat([state["pending_ids"][0], self._tokenize(ready)])
-        new = self._close_windows(new, ids, final=False)
-        read = new["source_ids"].shape[1] + new["pending_ids"].shape[1]
-        return new, {"tokens": torch.tensor([read])}
-
-    def finish(self, state: Mapping[str, torch.Tensor]) -> State:
-        """The state with the pending word tokenized and the last window closed."""
-        data = bytes(state["pending_text"][0].tolist())
-        ids = torch.cat([state["pending_ids"][0], self._tokenize(data.decode("utf-8", errors="replace"))])
-        new = dict(state)
-        new["pending_text"] = torch.zeros(1, 0, dtype=torch.uint8)
-        return self._close_windows(new, ids, final=True)
-
-    @torch.no_grad()
-    def readout(self, state: Mapping[str, torch.Tensor], output: Mapping[str, torch.Tensor] | None = None,
-                beams: int = 1, no_repeat_ngram: int = 0, max_len: int | None = None) -> str:
-        """Close the document and decode its summary."""
-        final = self.finish(state)
-        c = self.model.config
-        memory = [{"k": final[f"k{l}"], "v": final[f"v{l}"], "kv": final[f"kv{l}"], "ksq": final[f"ksq{l}"]}
-                  for l in range(c.n_layer)]
-        mask = torch.ones(1, final["source_ids"].shape[1], dtype=torch.bool)
-        ids = self.model.generate(memory, mask, final["source_ids"], max_len=max_len, beams=beams,
-                                  no_repeat_ngram=no_repeat_ngram)[0]
-        return self.tokenizer.decode(ids)  # type: ignore[attr-defined]
-
-    def summarize(self, text: str, **kwargs: object) -> str:
-        """Whole document: one step and the readout."""
-        state, output = self.step(self.init_state(1), {"text": text_bytes(text)})
-        return self.readout(state, output, **kwargs)  # type: ignore[arg-type]
-
-
-def text_bytes(text: str) -> torch.Tensor:
-    """A text piece as the (1, n) uint8 tensor :meth:`SummarizerStream.step` reads."""
-    return torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)[None]
 
 
 @torch.no_grad()

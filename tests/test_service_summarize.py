@@ -27,13 +27,14 @@ def repository(tmp_path_factory):
 
 def test_summary_equals_the_eager_models_greedy_summary(client, repository):
     from models.minilm import load_minilm_encoder, load_minilm_tokenizer
-    from models.srformer import SummarizerStream, load_srformer
+    from models.serving.srformer import EagerSummarizer
+    from models.srformer import load_srformer
 
     response = client.post("/summarize", json={"text": TEXT, "max_length": 40})
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == "srformer-tiny:1" and body["tokens"] > 60 and 0 < body["summary_tokens"] <= 40
-    stream = SummarizerStream(load_srformer(str(repository[1])), load_minilm_encoder(), load_minilm_tokenizer())
+    stream = EagerSummarizer(load_srformer(str(repository[1])), load_minilm_encoder(), load_minilm_tokenizer())
     assert body["summary"] == stream.summarize(TEXT, no_repeat_ngram=3, max_len=40)
 
 

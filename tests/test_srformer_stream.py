@@ -1,4 +1,5 @@
-"""A document streamed as random text pieces summarizes exactly like the whole document.
+"""A document streamed as random text pieces summarizes exactly like the whole document, through the one
+summarizer stream (models/summary_stream.py) that the service also wraps.
 
 Tiny random encoder and decoder; only MiniLM's tokenizer file (local, fast) is read.
 """
@@ -7,11 +8,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from models.minilm import BertConfig, MiniLMEncoder, load_minilm_tokenizer
-from models.srformer import SRformer, SRformerConfig, SummarizerStream, text_bytes
+from models.serving.srformer import EagerSummarizer
+from models.srformer import SRformer, SRformerConfig, encode_windows
 
 WORDS = ("the dollar has hit its highest level against euro in almost three months after Federal Reserve "
          "head said US trade deficit is set to stabilise. Mr Greenspan's speech — in London — "
@@ -27,22 +30,22 @@ def document(seed: int, words: int) -> str:
     return "".join(out)
 
 
-def pieces(data: bytes, seed: int) -> list[bytes]:
-    """Random cuts at any byte: words and multi-byte characters are split."""
+def pieces(text: str, seed: int) -> list[str]:
+    """Random cuts at any character: words, numbers and punctuation runs are split."""
     rng = random.Random(seed)
     out, start = [], 0
-    while start < len(data):
+    while start < len(text):
         size = rng.choice([1, 2, 3, 5, 8, 13, 40, 150])
-        out.append(data[start: start + size])
+        out.append(text[start: start + size])
         start += size
     return out
 
 
 @pytest.fixture(scope="module")
-def stream_factory():
+def summarizer_factory():
     tokenizer = load_minilm_tokenizer()
 
-    def make(mode: str, max_source: int = 0) -> SummarizerStream:
+    def make(mode: str, max_source: int = 0) -> EagerSummarizer:
         torch.manual_seed(0)
         encoder = MiniLMEncoder(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                            intermediate_size=32, max_position_embeddings=64)).eval()
@@ -52,60 +55,68 @@ def stream_factory():
         model = SRformer(config).eval()
         with torch.no_grad():
             model.wte.normal_()
-        return SummarizerStream(model, encoder, tokenizer)
+        return EagerSummarizer(model, encoder, tokenizer)
 
     return make
 
 
+def read(summarizer: EagerSummarizer, parts: list[str]) -> tuple[dict, list]:
+    state, chunks = summarizer.init_state(), []
+    for part in parts:
+        state, chunk = summarizer.feed(state, part)
+        if chunk is not None:
+            chunks.append(chunk)
+    return state, chunks
+
+
 @pytest.mark.parametrize("mode,max_source", [("srformer", 0), ("full", 0), ("srformer", 150)])
-def test_stream_equals_whole_document(stream_factory, mode, max_source):
-    stream = stream_factory(mode, max_source)
+def test_stream_equals_whole_document(summarizer_factory, mode, max_source):
+    summarizer = summarizer_factory(mode, max_source)
     text = document(seed=3, words=160)
-    whole_state, _ = stream.step(stream.init_state(1), {"text": text_bytes(text)})
-    whole = stream.readout(whole_state, max_len=12)
+    whole = summarizer.summarize(text, max_len=12)
     assert len(whole) > 0
-    for seed in (11,):
-        state = stream.init_state(1)
-        for piece in pieces(text.encode("utf-8"), seed):
-            state, _ = stream.step(state, {"text": torch.tensor(list(piece), dtype=torch.uint8)[None]})
-        final_whole, final_stream = stream.finish(whole_state), stream.finish(state)
-        for name in final_whole:
-            assert torch.equal(final_stream[name], final_whole[name]), name
-        assert stream.readout(state, max_len=12) == whole
+    whole_memory, whole_ids = summarizer.close(*read(summarizer, [text]))
+    streamed_memory, streamed_ids = summarizer.close(*read(summarizer, pieces(text, seed=11)))
+    assert np.array_equal(streamed_ids, whole_ids)
+    for name in whole_memory:
+        assert np.array_equal(streamed_memory[name], whole_memory[name]), name
+    assert summarizer.summarize_pieces(pieces(text, seed=11), max_len=12) == whole
+    # the whole-document path, independent of the stream: every token encoded window by window (K'V summed
+    # per window by the stream, in one product here: equal to float rounding)
+    ids = torch.tensor(summarizer.tokenizer.encode(text, add_special_tokens=False).ids)
     if max_source:
-        assert stream.finish(whole_state)["source_ids"].shape[1] == max_source
+        ids = ids[:max_source]
+    assert whole_ids.shape[1] == len(ids) and np.array_equal(whole_ids[0], ids.numpy())
+    c = summarizer.model.config
+    with torch.no_grad():
+        enc = encode_windows(summarizer.encode_window.encoder, ids, c.encoder_window, c.bos_id, c.eos_id)[None]
+        reference = summarizer.model.memory(enc, torch.ones(1, len(ids), dtype=torch.bool), ids[None])
+    for layer, expected in enumerate(reference):
+        for kind in ("k", "v", "kv", "ksq"):
+            np.testing.assert_allclose(whole_memory[f"{kind}{layer}"], expected[kind].numpy(), rtol=1e-5, atol=1e-5)
 
 
-APPEND_ONLY = ("source_ids", "k0", "v0", "k1", "v1")
-
-
-def test_per_piece_state_write_is_bounded_by_piece_size(stream_factory):
-    stream = stream_factory("srformer")
-    window = stream.model.config.encoder_window
-    state = stream.init_state(1)
-    constant_bytes = sum(state[name].numel() * state[name].element_size()
-                         for name in state if name.startswith(("kv", "ksq")))
-    c = stream.model.config
+def test_per_piece_state_write_is_bounded_by_piece_size(summarizer_factory):
+    summarizer = summarizer_factory("srformer")
+    c = summarizer.model.config
+    window = c.encoder_window
+    state = summarizer.init_state()
+    state_bytes = sum(value.nbytes for value in state.values())
     per_token = 2 * c.n_layer * c.d_model * 4 + 8  # keys + values (float32) of every layer + the id
-    total_written = 0
-    for piece in pieces(document(seed=5, words=200).encode("utf-8"), seed=21):
-        new, _ = stream.step(state, {"text": torch.tensor(list(piece), dtype=torch.uint8)[None]})
-        appended_tokens = new["source_ids"].shape[1] - state["source_ids"].shape[1]
-        written = 0
-        for name in APPEND_ONLY:  # append-only: the old tensor is a prefix of the new one
-            old, cur = state[name], new[name]
-            axis = 1 if name == "source_ids" else 2
-            assert torch.equal(cur.narrow(axis, 0, old.shape[axis]), old), name
-            written += (cur.numel() - old.numel()) * cur.element_size()
-        assert written == appended_tokens * per_token
-        # a piece closes at most the open window plus its own tokens (<= its bytes, + a split word)
-        assert appended_tokens <= len(piece) + window + state["pending_text"].shape[1]
-        small = sum(new[name].numel() * new[name].element_size() for name in ("pending_text", "pending_ids"))
-        assert small <= (window + 64) * 8
-        total_written += written + constant_bytes + small
+    text_pieces = pieces(document(seed=5, words=200), seed=21)
+    appended, chunks = 0, []
+    for piece in text_pieces:
+        new, chunk = summarizer.feed(state, piece)
+        # the bounded state never grows with the document ...
+        assert {name: value.shape for name, value in new.items()} == {n: v.shape for n, v in state.items()}
+        assert sum(value.nbytes for value in new.values()) == state_bytes
+        # ... and a piece appends only the windows it closed: at most the open window plus its own tokens
+        if chunk is not None:
+            tokens = chunk["source_ids"].shape[1]
+            assert sum(value.nbytes for value in chunk.values()) == tokens * per_token
+            assert tokens <= len(piece.encode("utf-8")) + window + c.encoder_window
+            appended += tokens
+            chunks.append(chunk)
         state = new
-    final = sum(state[name].numel() * state[name].element_size() for name in APPEND_ONLY)
-    assert final > 0
-    # never rewrites the document: all writes = final append-only bytes + O(1) per piece
-    assert total_written - final <= len(pieces(document(seed=5, words=200).encode("utf-8"), seed=21)) * (
-        constant_bytes + (window + 64) * 8)
+    _, source_ids = summarizer.close(state, chunks)
+    assert appended > 0 and 0 <= source_ids.shape[1] - appended <= window  # finish closes only the open window

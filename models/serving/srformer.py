@@ -14,6 +14,7 @@ which the service wraps (``service/runtime/summarize.py``).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -22,8 +23,8 @@ from models.minilm import load_minilm_encoder
 from models.segment import TensorSpec
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
-from models.srformer import SRformer, load_srformer
-from models.summary_stream import state_and_chunk_specs
+from models.srformer import SRformer, SRformerConfig, load_srformer
+from models.summary_stream import Arrays, SummaryStream, state_and_chunk_specs
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
 
@@ -168,12 +169,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         axis_masks={"source": "mask", "vocab": "vocab_mask", "steps": "self_mask"},
         onnx_exporter="torchscript",  # varargs + dynamic shapes trip torch.export in torch 2.13
     )
-    # What a session stores between pieces, bounded: the text cutter's pending text and ids, the last
-    # source token, the count of encoded tokens, the running accumulators ...
-    max_windows = -(-c.max_source // c.encoder_window) if c.max_source > 0 else 100_000
-    cutter = SegmentCutter(None, c.encoder_window + 2, max_windows, PENDING_BYTES)
-    # ... and append-only chunks, one per piece that closes windows (models/summary_stream.py)
-    state_spec, chunk_spec = state_and_chunk_specs(cutter, layers, h, dh)
+    state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh)
     extras = checkpoint.extras
     decode_defaults = extras.get("decode", extras)  # the search settings chosen on dev, where recorded
     return Servable(
@@ -183,28 +179,116 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         graphs=[encode, decode],
         state_spec=state_spec,
         settings={
-            "cross_attention": c.cross_attention,
-            "segment_size": c.segment_size,
-            "summary_ratio": c.summary_ratio,
-            "summary_length": c.summary_length,
-            "encoder_window": c.encoder_window,
-            "max_source": c.max_source,
-            "max_windows": max_windows,
-            "pending_bytes": PENDING_BYTES,
-            "max_target": c.max_target,
-            "output_vocab": c.output_vocab,
-            "vocab_size": c.vocab_size,
-            "n_layer": layers,
-            "n_head": h,
-            "head_dim": dh,
-            "bos_id": c.bos_id,
-            "eos_id": c.eos_id,
-            "pad_id": c.pad_id,
+            **stream_settings(c),
             "beam_size": int(decode_defaults.get("beams", 1) or 1),
             "no_repeat_ngram": int(decode_defaults.get("no_repeat_ngram", 0) or 0),
-            "chunk_spec": [spec.as_dict() for spec in chunk_spec],
             "metrics": extras.get("test_rouge", extras.get("metrics", {})),
         },
         assets={"tokenizer": tokenizer_file()},
         initial_state={"last_source_id": torch.tensor([c.bos_id])},
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The stream's settings (written into the manifest) and the summarizer run eagerly through it
+
+
+def stream_cutter(c: SRformerConfig, tokenizer: object = None) -> SegmentCutter:
+    """The text cutter of the summarizer: encoder windows of ``encoder_window`` tokens (+ [CLS], [SEP]),
+    no more windows than ``max_source`` tokens fill."""
+    max_windows = -(-c.max_source // c.encoder_window) if c.max_source > 0 else 100_000
+    return SegmentCutter(tokenizer, c.encoder_window + 2, max_windows, PENDING_BYTES)
+
+
+def stream_settings(c: SRformerConfig) -> dict[str, object]:
+    """What :class:`SummaryStream` reads from a manifest: the schedule, the windows, the chunk layout."""
+    h, dh = c.n_head, c.d_model // c.n_head
+    cutter = stream_cutter(c)
+    _, chunk_spec = state_and_chunk_specs(cutter, c.n_layer, h, dh)
+    return {
+        "cross_attention": c.cross_attention,
+        "segment_size": c.segment_size,
+        "summary_ratio": c.summary_ratio,
+        "summary_length": c.summary_length,
+        "encoder_window": c.encoder_window,
+        "max_source": c.max_source,
+        "max_windows": cutter.max_segments,
+        "pending_bytes": PENDING_BYTES,
+        "max_target": c.max_target,
+        "output_vocab": c.output_vocab,
+        "vocab_size": c.vocab_size,
+        "n_layer": c.n_layer,
+        "n_head": h,
+        "head_dim": dh,
+        "bos_id": c.bos_id,
+        "eos_id": c.eos_id,
+        "pad_id": c.pad_id,
+        "chunk_spec": [spec.as_dict() for spec in chunk_spec],
+    }
+
+
+class EagerSummarizer:
+    """The summarizer over text pieces, on the eager modules of its ``encode_window`` graph and the
+    model's own search: the same stream the service wraps (``models/summary_stream.py``), so training's
+    ``rtserve eval --stream`` and the tests read documents exactly as a session does."""
+
+    def __init__(self, model: SRformer, encoder: nn.Module, tokenizer: object) -> None:
+        self.model = model.eval()
+        self.encode_window = EncodeWindow(self.model, encoder.eval())
+        self.tokenizer = tokenizer
+        self.stream = SummaryStream(stream_settings(model.config), tokenizer)
+        c = model.config
+        self.state_spec, _ = state_and_chunk_specs(stream_cutter(c), c.n_layer, c.n_head, c.d_model // c.n_head)
+        self.window_outputs = [f"{kind}{layer}" for layer in range(c.n_layer) for kind in ("k", "v", "kv", "ksq")]
+
+    def init_state(self) -> dict[str, np.ndarray]:
+        """``init_state(1)``: zeros, and [CLS] as the token before the first window."""
+        state = {spec.name: np.zeros([1 if axis == "batch" else axis for axis in spec.shape], dtype=spec.dtype)
+                 for spec in self.state_spec}
+        state["last_source_id"] = np.array([self.model.config.bos_id], dtype=np.int64)
+        return state
+
+    @torch.no_grad()
+    def _encode(self, state: dict[str, np.ndarray], windows: list) -> tuple[dict[str, np.ndarray], Arrays | None]:
+        parts = []
+        for window in windows:
+            inputs = self.stream.window_inputs(state, window)
+            if inputs is None:
+                continue
+            outputs = self.encode_window(*(torch.from_numpy(inputs[n]) for n in ("window_ids", "first_prev")))
+            named = {name: tensor.numpy() for name, tensor in zip(self.window_outputs, outputs, strict=True)}
+            state, part = self.stream.absorb(state, inputs, named)
+            parts.append(part)
+        return state, self.stream.join(parts)
+
+    def feed(self, state: dict[str, np.ndarray], text: str) -> tuple[dict[str, np.ndarray], Arrays | None]:
+        """One text piece: the new bounded state and the chunk it appends (None if it closed no window)."""
+        cut, windows = self.stream.feed(state, text)
+        return self._encode(cut, windows)
+
+    def close(self, state: dict[str, np.ndarray], chunks: list[Arrays]) -> tuple[Arrays, np.ndarray]:
+        """End of document: the last window closed; the decoder's memory and the source ids."""
+        cut, windows = self.stream.flush(state)
+        final, chunk = self._encode(cut, windows)
+        return self.stream.memory(final, [*chunks, chunk] if chunk is not None else chunks)
+
+    def summarize_pieces(self, pieces: list[str], beams: int = 1, no_repeat_ngram: int = 0,
+                         max_len: int | None = None) -> str:
+        state, chunks = self.init_state(), []
+        for piece in pieces:
+            state, chunk = self.feed(state, piece)
+            if chunk is not None:
+                chunks.append(chunk)
+        memory, source_ids = self.close(state, chunks)
+        c = self.model.config
+        layers = [{kind: torch.from_numpy(memory[f"{kind}{layer}"]) for kind in ("k", "v", "kv", "ksq")}
+                  for layer in range(c.n_layer)]
+        ids = torch.from_numpy(source_ids)
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        summary = self.model.generate(layers, mask, ids, max_len=max_len, beams=beams,
+                                      no_repeat_ngram=no_repeat_ngram)[0]
+        return self.tokenizer.decode(summary)  # type: ignore[attr-defined]
+
+    def summarize(self, text: str, **options: object) -> str:
+        """Whole document: one piece."""
+        return self.summarize_pieces([text], **options)  # type: ignore[arg-type]

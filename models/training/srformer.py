@@ -327,7 +327,7 @@ def eval_main(argv: Sequence[str]) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     parser.add_argument("--stream", action="store_true",
-                        help="encode through SummarizerStream (text in, no cache) instead of the cache")
+                        help="read text through the served stream (EagerSummarizer), not the cache")
     args = parser.parse_args(list(argv))
     from models.minilm import load_minilm_tokenizer
 
@@ -337,9 +337,9 @@ def eval_main(argv: Sequence[str]) -> int:
     c = model.config
     if args.stream:
         from models.minilm import load_minilm_encoder
-        from models.srformer import SummarizerStream
+        from models.serving.srformer import EagerSummarizer
 
-        stream = SummarizerStream(model, load_minilm_encoder(), tokenizer)
+        stream = EagerSummarizer(model, load_minilm_encoder(), tokenizer)
         pairs = corpus_of(args.data).load_split(args.data, args.split, args.limit or None)
         started = time.perf_counter()
         texts = [stream.summarize(p.document, beams=args.beams, no_repeat_ngram=args.no_repeat_ngram)
