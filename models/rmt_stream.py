@@ -38,18 +38,12 @@ from models.rmt import RMT
 from models.segment import State, TensorSpec
 from models.text_stream import PENDING_BYTES, Segment, SegmentCutter, last_cut
 
-__all__ = ["PENDING_BYTES", "RMTStream", "Segmenter", "batch_segments", "classify_documents", "last_cut"]
+__all__ = ["PENDING_BYTES", "RMTStream", "batch_segments", "classify_documents", "last_cut", "torch_segments"]
 
 
-class Segmenter(SegmentCutter):
-    """The whole-document cutter, with torch segments: ``segments(text)`` -> [(ids (s,), mask (s,))]."""
-
-    def __init__(self, tokenizer: Tokenizer, segment_size: int, max_segments: int):
-        super().__init__(tokenizer, segment_size, max_segments)
-
-    def pack(self, chunk: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        ids, mask = super().pack(chunk)
-        return torch.from_numpy(ids), torch.from_numpy(mask)
+def torch_segments(cutter: SegmentCutter, text: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The cutter's segments of a whole document, as (ids (s,), mask (s,)) tensors."""
+    return [(torch.from_numpy(ids), torch.from_numpy(mask)) for ids, mask in cutter.segments(text)]
 
 
 def batch_segments(
@@ -73,12 +67,12 @@ def batch_segments(
 
 
 @torch.no_grad()
-def classify_documents(model: RMT, segmenter: Segmenter, texts: list[str], batch_size: int = 16) -> torch.Tensor:
+def classify_documents(model: RMT, cutter: SegmentCutter, texts: list[str], batch_size: int = 16) -> torch.Tensor:
     """Whole-document path, batched: probabilities (N, C) from a fold of ``model.step``."""
     probs = []
     for i in range(0, len(texts), batch_size):
-        docs = [segmenter.segments(t) for t in texts[i : i + batch_size]]
-        segs, _ = batch_segments(docs, segmenter.segment_size)
+        docs = [torch_segments(cutter, t) for t in texts[i : i + batch_size]]
+        segs, _ = batch_segments(docs, cutter.segment_size)
         state = model.init_state(len(docs))
         output: State = {}
         for ids, mask in segs:

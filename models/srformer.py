@@ -237,26 +237,40 @@ class CrossAttention(nn.Module):
         Returns the output (B, d), the RAF membrane and output (B, h, dh, dh) (passed through where
         there is no RAF), and the softmax weights (B, h, n) over the encoder positions pos (B, n) read.
         """
+        B, d = x.shape
+        Q = self.q_proj(x).view(B, self.n_head, 1, self.dh)  # (B, h, 1, dh)
+        out, att, pos, read = self._attend_step(Q, mem, mask, seg, context)
+        out, membrane, raf_out = self._recurrent_step(out, Q, mem, read, seg, prev, membrane, raf_out)
+        return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos
+
+    def _attend_step(self, Q: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
+                     seg: torch.Tensor, context: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Softmax attention of one step: output (B, h, 1, dh), weights (B, h, 1, n), positions read
+        (B, n), and the keys/values read (what the recurrent part subtracts)."""
         raise NotImplementedError
+
+    def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
+                        read: tuple[torch.Tensor, ...], seg: torch.Tensor, prev: torch.Tensor,
+                        membrane: torch.Tensor, raf_out: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return out, membrane, raf_out  # no recurrent part outside SRformer
 
 
 class FullCrossAttention(CrossAttention):
     """``full``: softmax attention over every encoder position (the baseline, Eq. 3)."""
 
-    def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
-             prev: torch.Tensor, membrane: torch.Tensor, raf_out: torch.Tensor, context: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, d = x.shape
+    def _attend_step(self, Q: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
+                     seg: torch.Tensor, context: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
         K, V = mem["k"], mem["v"]  # (B, h, k, dh)
-        k = K.shape[2]
-        Q = self.q_proj(x).view(B, self.n_head, 1, self.dh)  # (B, h, 1, dh)
+        B, k = mask.shape
         att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, k) Eq. (3)
         if self.match is not None:
             att = att + torch.einsum("hc,bck->bhk", self.match, context)[:, :, None]
         att = att.masked_fill(~mask[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
-        out = att @ V  # (B, h, 1, dh) Eq. (5)
-        pos = torch.arange(k, device=x.device).expand(B, k)
-        return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos
+        pos = torch.arange(k, device=Q.device).expand(B, k)
+        return att @ V, att, pos, (K, V)  # (B, h, 1, dh) Eq. (5)
 
 
 class SegmentedCrossAttention(CrossAttention):
@@ -267,15 +281,13 @@ class SegmentedCrossAttention(CrossAttention):
         pos_seg = torch.arange(mask.shape[1], device=mask.device) // self.s  # (k,)
         return super()._allowed(mask, seg) & (pos_seg[None, None, :] == seg[:, :, None])
 
-    def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
-             prev: torch.Tensor, membrane: torch.Tensor, raf_out: torch.Tensor, context: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, d = x.shape
+    def _attend_step(self, Q: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
+                     seg: torch.Tensor, context: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
         K, V = mem["k"], mem["v"]  # (B, h, k, dh)
-        k = K.shape[2]
-        Q = self.q_proj(x).view(B, self.n_head, 1, self.dh)  # (B, h, 1, dh)
+        B, k = mask.shape
         # K_s = split(K); read segment i only: positions i*s .. i*s+s-1
-        pos = seg[:, None] * self.s + torch.arange(self.s, device=x.device)  # (B, s)
+        pos = seg[:, None] * self.s + torch.arange(self.s, device=Q.device)  # (B, s)
         valid = (pos < k) & mask.gather(1, pos.clamp(max=k - 1))  # (B, s)
         gidx = pos.clamp(max=k - 1)[:, None, :, None].expand(B, self.n_head, self.s, self.dh)
         keep = valid[:, None, :, None].to(K.dtype)
@@ -286,15 +298,7 @@ class SegmentedCrossAttention(CrossAttention):
             seg_context = context.gather(2, pos.clamp(max=k - 1)[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
             att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]
         att = att.masked_fill(~valid[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
-        out = att @ Vs  # (B, h, 1, dh) Eq. (6): O_S
-        out, membrane, raf_out = self._recurrent_step(out, Q, mem, Ks, Vs, seg, prev, membrane, raf_out)
-        return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos.clamp(max=k - 1)
-
-    def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
-                        Ks: torch.Tensor, Vs: torch.Tensor, seg: torch.Tensor, prev: torch.Tensor,
-                        membrane: torch.Tensor, raf_out: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return out, membrane, raf_out  # segmented only: no recurrent part
+        return att @ Vs, att, pos.clamp(max=k - 1), (Ks, Vs)  # (B, h, 1, dh) Eq. (6): O_S
 
 
 class SRformerCrossAttention(SegmentedCrossAttention):
@@ -343,9 +347,10 @@ class SRformerCrossAttention(SegmentedCrossAttention):
         return out + self._weighted(o_r / norm_k)  # Eq. (13), (11)
 
     def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
-                        Ks: torch.Tensor, Vs: torch.Tensor, seg: torch.Tensor, prev: torch.Tensor,
+                        read: tuple[torch.Tensor, ...], seg: torch.Tensor, prev: torch.Tensor,
                         membrane: torch.Tensor, raf_out: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        Ks, Vs = read  # (B, h, s, dh): the segment the softmax part read
         changed = (seg != prev)[:, None, None, None]  # update only when the index changes
         # eager mode skips the update when no row changed; traced/exported graphs always
         # compute it and select (same result, no data-dependent branch)

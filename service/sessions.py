@@ -396,7 +396,7 @@ class SessionStore:
         state_blob = encode_tensors(consumed.state)
         args: list[Any] = [
             meta.seq, seq, state_blob, json.dumps(consumed.result), self._ttl(meta.deadline), piece_sha,
-            consumed.consumed, consumed.segments, len(state_blob), token,
+            consumed.units_read, consumed.segments, len(state_blob), token,
         ]
         if consumed.chunk:
             args.append(encode_tensors(consumed.chunk))

@@ -12,7 +12,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from models.minilm import BertConfig, load_minilm_tokenizer  # noqa: E402
 from models.rmt import RMTConfig, build_rmt  # noqa: E402
-from models.rmt_stream import RMTStream, Segmenter, classify_documents, last_cut  # noqa: E402
+from models.rmt_stream import RMTStream, classify_documents, last_cut, torch_segments  # noqa: E402
+from models.text_stream import SegmentCutter  # noqa: E402
 
 WORDS = [
     "the", "Senate", "voted", "on", "Tuesday", "unbelievably", "élan", "café", "naïve", "Straße",
@@ -68,7 +69,7 @@ def test_stream_equals_whole_document(tokenizer, seed):
     rng = random.Random(seed)
     model = tiny_model(max_segments=1000)
     text = random_document(rng, 400)
-    whole = classify_documents(model, Segmenter(tokenizer, 16, 1000), [text])
+    whole = classify_documents(model, SegmentCutter(tokenizer, 16, 1000), [text])
     _, _, final = stream(model, tokenizer, random_pieces(rng, text))
     assert torch.allclose(final, whole, atol=1e-5, rtol=0), (final, whole)
     assert (final - 0.5).abs().max() > 1e-3  # not a degenerate constant
@@ -78,11 +79,11 @@ def test_running_prediction_after_every_segment(tokenizer):
     rng = random.Random(7)
     model = tiny_model(max_segments=1000)
     text = random_document(rng, 300)
-    segmenter = Segmenter(tokenizer, 16, 1000)
-    segments = segmenter.segments(text)
+    cutter = SegmentCutter(tokenizer, 16, 1000)
+    segments = torch_segments(cutter, text)
     _, running, _ = stream(model, tokenizer, random_pieces(rng, text))
     # one running prediction per complete (full) segment, equal to the whole-path prefix fold
-    n_full = len(segmenter.token_ids(text)) // segmenter.content_size
+    n_full = len(cutter.token_ids(text)) // cutter.content_size
     assert len(running) == n_full and n_full >= 10
     state = model.init_state(1)
     with torch.no_grad():
@@ -96,7 +97,7 @@ def test_max_segments_truncates_like_whole_path(tokenizer):
     rng = random.Random(3)
     model = tiny_model(max_segments=3, memory_layer=0)
     text = random_document(rng, 200)
-    whole = classify_documents(model, Segmenter(tokenizer, 16, 3), [text])
+    whole = classify_documents(model, SegmentCutter(tokenizer, 16, 3), [text])
     state, running, final = stream(model, tokenizer, random_pieces(rng, text))
     assert len(running) == 3 and int(state["segments_done"][0]) == 3
     assert torch.allclose(final, whole, atol=1e-5, rtol=0)
@@ -118,7 +119,7 @@ def test_state_size_bounded(tokenizer):
 def test_overlong_word_becomes_one_unk_like_whole_path(tokenizer):
     model = tiny_model(max_segments=1000)
     text = "start " + "z" * 3000 + " end, " + "y" * 1500 + "!tail"
-    whole = classify_documents(model, Segmenter(tokenizer, 16, 1000), [text])
+    whole = classify_documents(model, SegmentCutter(tokenizer, 16, 1000), [text])
     rng = random.Random(5)
     _, _, final = stream(model, tokenizer, random_pieces(rng, text))
     assert torch.allclose(final, whole, atol=1e-5, rtol=0)
@@ -129,9 +130,9 @@ def test_batched_fold_matches_one_by_one(tokenizer):
     rng = random.Random(9)
     model = tiny_model(max_segments=1000)
     texts = [random_document(rng, n) for n in (5, 80, 300)]
-    segmenter = Segmenter(tokenizer, 16, 1000)
-    batched = classify_documents(model, segmenter, texts)
-    single = torch.cat([classify_documents(model, segmenter, [t]) for t in texts])
+    cutter = SegmentCutter(tokenizer, 16, 1000)
+    batched = classify_documents(model, cutter, texts)
+    single = torch.cat([classify_documents(model, cutter, [t]) for t in texts])
     assert torch.allclose(batched, single, atol=1e-5, rtol=0)
 
 

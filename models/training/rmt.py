@@ -35,7 +35,8 @@ from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.hyperpartisan import LABEL_NAMES, Article, load_articles, load_split, metrics
 from models.minilm import load_minilm_tokenizer
 from models.rmt import RMT, RMTConfig, cross_entropy, load_rmt, rmt_from_minilm, trained_state_dict
-from models.rmt_stream import Segmenter, classify_documents
+from models.rmt_stream import classify_documents, torch_segments
+from models.text_stream import SegmentCutter
 from models.training.common import hardware, seed_everything
 
 CACHE_SEGMENTS = 16  # lower-layer states are cached for the first 16 segments (2,016 tokens) of every article
@@ -71,10 +72,10 @@ def lower_cache(model: RMT, data: Path, cache_dir: Path) -> dict[str, torch.Tens
             model.train(was_training)
             return cache
 
-    segmenter = Segmenter(load_minilm_tokenizer(), c.segment_size, CACHE_SEGMENTS)
+    cutter = SegmentCutter(load_minilm_tokenizer(), c.segment_size, CACHE_SEGMENTS)
     cache = {}
     for article in tqdm(load_articles(data), desc="caching lower layers", file=sys.stderr):
-        segs = segmenter.segments(article.text)
+        segs = torch_segments(cutter, article.text)
         ids = torch.stack([s[0] for s in segs])
         mask = torch.stack([s[1] for s in segs])
         cache[article.id] = model.lower(ids, mask).contiguous()  # (n, s, d)
@@ -86,8 +87,8 @@ def lower_cache(model: RMT, data: Path, cache_dir: Path) -> dict[str, torch.Tens
 
 def lower_masks(data: Path, segment_size: int) -> dict[str, torch.Tensor]:
     """article id -> (n_segments, s) attention masks of its first CACHE_SEGMENTS segments."""
-    segmenter = Segmenter(load_minilm_tokenizer(), segment_size, CACHE_SEGMENTS)
-    return {a.id: torch.stack([m for _, m in segmenter.segments(a.text)]) for a in load_articles(data)}
+    cutter = SegmentCutter(load_minilm_tokenizer(), segment_size, CACHE_SEGMENTS)
+    return {a.id: torch.stack([m for _, m in torch_segments(cutter, a.text)]) for a in load_articles(data)}
 
 
 def cached_batch(
@@ -258,10 +259,10 @@ def eval_main(argv: Sequence[str]) -> int:
     if args.segments:
         model.config.max_segments = args.segments
     articles = load_split(args.data, args.split)
-    segmenter = Segmenter(load_minilm_tokenizer(), model.config.segment_size, model.config.max_segments)
+    cutter = SegmentCutter(load_minilm_tokenizer(), model.config.segment_size, model.config.max_segments)
     started = time.time()
-    probs = classify_documents(model, segmenter, [a.text for a in articles])
-    used = [len(segmenter.segments(a.text)) for a in articles]
+    probs = classify_documents(model, cutter, [a.text for a in articles])
+    used = [len(cutter.segments(a.text)) for a in articles]
     result = {
         "checkpoint": str(args.checkpoint), "split": args.split if (args.data / "splits.json").exists() else "all",
         "n": len(articles), **metrics([a.label for a in articles], probs.argmax(-1).tolist()),

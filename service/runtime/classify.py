@@ -45,7 +45,7 @@ class ClassifyPipeline:
         cut_state, segments = self.stream.feed(state, piece)
         new_state = await self._run(cut_state, segments)
         consumed = self.stream.tokens_read(new_state) - before
-        return Consumed(new_state, self.stream.result(new_state), consumed=consumed, segments=len(segments))
+        return Consumed(new_state, self.stream.result(new_state), units_read=consumed, segments=len(segments))
 
     async def finish(
         self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,

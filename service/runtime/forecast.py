@@ -50,7 +50,7 @@ class ForecastPipeline:
         values = self.rows_to_array(piece)
         out = await self.step.submit({"window": state["window"], "rows_seen": state["rows_seen"], "values": values})
         new_state = {"window": out["next_window"], "rows_seen": out["next_rows_seen"]}
-        return Consumed(new_state, self._result(out), consumed=values.shape[1], segments=1)
+        return Consumed(new_state, self._result(out), units_read=values.shape[1], segments=1)
 
     async def finish(
         self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,

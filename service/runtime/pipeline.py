@@ -28,7 +28,7 @@ class InputError(ValueError):
 class Consumed:
     state: Arrays  # the new bounded state
     result: dict[str, Any]  # the running result the client sees after this piece
-    consumed: int  # tokens / rows this piece added
+    units_read: int  # tokens / rows this piece added to what the session has read
     chunk: Arrays | None = None  # append-only part of the state written by this piece (SRformer)
     segments: int = 0  # graph steps applied
 

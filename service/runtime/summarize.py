@@ -47,7 +47,7 @@ class SummarizePipeline:
         read = self.stream.tokens_read(new_state)
         result = {"tokens": read, "encoded_tokens": int(new_state["source_tokens"][0]),
                   "windows": int(new_state["segments_done"][0])}
-        return Consumed(new_state, result, consumed=read - before, chunk=chunk, segments=len(windows))
+        return Consumed(new_state, result, units_read=read - before, chunk=chunk, segments=len(windows))
 
     async def _encode(self, state: Arrays, windows: list) -> tuple[Arrays, Arrays | None]:
         parts: list[Arrays] = []
