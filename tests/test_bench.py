@@ -23,6 +23,7 @@ def _finite_positive(value):
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not all((DATA / name).exists() for name in NEEDED), reason=f"datasets not found under {DATA}")
 def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the_table(every_task_repository,
                                                                                       tmp_path):

@@ -105,6 +105,7 @@ def test_fp16_is_refused_for_torchscript(forecaster_entry, tmp_path):
         export_checkpoint(forecaster_entry[0], tmp_path / "x", formats=("onnx", "torchscript"), fp16=True)
 
 
+@pytest.mark.slow
 def test_a_full_attention_summarizer_whose_graph_drops_unused_inputs_still_runs(tmp_path):
     """Full cross-attention never reads the RAF state; the exporter prunes those inputs."""
     checkpoint = tiny_srformer(tmp_path / "weights" / "srformer-full", mode="full")

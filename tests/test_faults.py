@@ -30,6 +30,7 @@ def tiny_repository(forecast_repository):
     return forecast_repository[0]
 
 
+@pytest.mark.slow
 def test_chaos_run_loses_nothing_applies_nothing_twice_and_leaves_no_orphans(tiny_repository, tmp_path):
     args = argparse.Namespace(sessions=24, pieces=8, creates=300, duplicates=30, appendfsync="everysec",
                               faults=True, fault_delay=0.4, repository=str(tiny_repository), model="rsa-tiny")
