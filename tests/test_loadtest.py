@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.test_serve_process import _free_port, _start
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_locust_drives_one_shot_and_session_traffic_without_failures(forecast_repository, tmp_path, redis_url):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
     env |= {"RTSERVE_MODEL_REPOSITORY": str(forecast_repository[0]), "RTSERVE_REDIS_URL": redis_url,
