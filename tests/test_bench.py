@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from export.exporter import export_checkpoint
 from loadtest.bench import SEGMENT_ROUTE, histogram_mean, metric_delta, redis_share
 from loadtest.bench_gpu import EnergyMeter, energy_rates
 from loadtest.bench_report import check_targets
-from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -25,24 +23,18 @@ def _finite_positive(value):
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-@pytest.fixture(scope="module")
-def tiny_repository(tmp_path_factory):
-    """RMT, SRformer and RSA, exported without graphs: served by the eager backend (fast to build)."""
-    root = tmp_path_factory.mktemp("bench")
-    for name, make in (("rmt-tiny", tiny_rmt), ("srformer-tiny", tiny_srformer), ("rsa-tiny", tiny_forecaster)):
-        export_checkpoint(make(root / "weights" / name), root / "repository", formats=())
-    return root / "repository"
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(not all((DATA / name).exists() for name in NEEDED), reason=f"datasets not found under {DATA}")
-def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the_table(tiny_repository, tmp_path):
+def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the_table(every_task_repository,
+                                                                                      tmp_path):
+    """Tiny RMT, SRformer and RSA (the run's shared exports) served by the eager backend (``RTSERVE_BACKEND=torch``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
     env |= {"RTSERVE_BACKEND": "torch", "RTSERVE_INTRA_OP_THREADS": "1", "RTSERVE_LOG_LEVEL": "warning",
             "RTSERVE_REDIS_URL": "redis://127.0.0.1:1/0",  # must be ignored: the bench uses the embedded Redis
             "PYTHONPATH": str(ROOT)}
     out_json, out_md = tmp_path / "bench.json", tmp_path / "bench.md"
     result = subprocess.run(
-        [sys.executable, "-m", "rtserve.cli", "bench", "--quick", "--model-repository", str(tiny_repository),
+        [sys.executable, "-m", "rtserve.cli", "bench", "--quick", "--model-repository", str(every_task_repository),
          "--data", str(DATA), "--out-json", str(out_json), "--out-md", str(out_md)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )

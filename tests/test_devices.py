@@ -18,7 +18,6 @@ from service.runtime import devices
 from service.runtime.devices import DeviceConfigError, check_backend_precision, resolve_device
 from service.settings import Settings
 from tests.service_helpers import make_client
-from tests.tiny_checkpoints import tiny_forecaster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,13 +100,8 @@ def test_a_precision_the_backend_cannot_run_is_a_startup_error():
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    from export.exporter import export_checkpoint
-
-    root = tmp_path_factory.mktemp("devices")
-    checkpoint = tiny_forecaster(root / "weights" / "rsa-tiny", "rsa")
-    export_checkpoint(checkpoint, root / "repository")
-    return root / "repository", checkpoint
+def repository(forecast_repository):
+    return forecast_repository
 
 
 def test_models_reports_device_precision_providers_and_batch_size(repository, redis_url, key_prefix):

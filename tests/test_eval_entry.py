@@ -7,9 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from export.exporter import export_checkpoint
-from tests.tiny_checkpoints import tiny_forecaster
-
 ETTH1 = Path(__file__).resolve().parents[2] / "shared" / "data" / "ETT-small" / "ETTh1.csv"
 
 
@@ -21,9 +18,9 @@ def _eval(target: Path, *extra: str) -> dict:
 
 
 @pytest.mark.skipif(not ETTH1.exists(), reason=f"dataset not found at {ETTH1} (../shared/data)")
-def test_forecaster_entry_scores_like_its_checkpoint(tmp_path):
-    checkpoint = tiny_forecaster(tmp_path / "weights" / "rsa-tiny", "rsa", 32, 8)
-    entry = export_checkpoint(checkpoint, tmp_path / "repository", formats=("onnx",))
+def test_forecaster_entry_scores_like_its_checkpoint(forecast_repository):
+    repository, checkpoint = forecast_repository
+    entry = repository / "rsa-tiny" / "1"
     eager = _eval(checkpoint, "--data", str(ETTH1), "--split", "val")
     exported = _eval(entry, "--data", str(ETTH1), "--split", "val")
     assert exported["windows"] == eager["windows"] > 0

@@ -14,17 +14,17 @@ import torch
 from export.exporter import export_checkpoint
 from models.serving.servable import build_servable
 from service.runtime.backends import load_backends
-from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
+from tests.tiny_checkpoints import tiny_srformer
 
 TOLERANCE = 1e-4
 
 
+BOTH = ("onnx", "torchscript")
+
+
 @pytest.fixture(scope="module")
-def forecaster_entry(tmp_path_factory):
-    root = tmp_path_factory.mktemp("export")
-    checkpoint = tiny_forecaster(root / "weights" / "rsa-tiny", "rsa")
-    entry = export_checkpoint(checkpoint, root / "repository")
-    return checkpoint, entry
+def forecaster_entry(tiny_models):
+    return tiny_models.checkpoint("rsa-tiny"), tiny_models.entry("rsa-tiny", formats=BOTH)
 
 
 def test_entry_holds_graphs_manifest_and_state_spec(forecaster_entry):
@@ -42,18 +42,17 @@ def test_entry_holds_graphs_manifest_and_state_spec(forecaster_entry):
     assert (entry / "checkpoint" / "model.safetensors").exists()
 
 
-FAMILIES = {
-    "forecast": lambda folder: tiny_forecaster(folder / "rsa-tiny", "rsa"),
-    "classify": lambda folder: tiny_rmt(folder / "rmt-tiny"),
-    "summarize": lambda folder: tiny_srformer(folder / "srformer-tiny"),
-    "summarize-post-ln": lambda folder: tiny_srformer(folder / "srformer-post-tiny", norm_position="post"),
-}
+SHARED = {"forecast": "rsa-tiny", "classify": "rmt-tiny", "summarize": "srformer-tiny"}  # the run's tiny models
+VARIANTS = {"summarize-post-ln": lambda folder: tiny_srformer(folder / "srformer-post-tiny", norm_position="post")}
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family_entry(request, tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted([*SHARED, *VARIANTS]))
+def family_entry(request, tiny_models, tmp_path_factory):
+    if request.param in SHARED:
+        name = SHARED[request.param]
+        return tiny_models.checkpoint(name), tiny_models.entry(name, formats=BOTH)
     root = tmp_path_factory.mktemp(request.param)
-    checkpoint = FAMILIES[request.param](root / "weights")
+    checkpoint = VARIANTS[request.param](root / "weights")
     return checkpoint, export_checkpoint(checkpoint, root / "repository")
 
 
@@ -106,6 +105,7 @@ def test_fp16_is_refused_for_torchscript(forecaster_entry, tmp_path):
         export_checkpoint(forecaster_entry[0], tmp_path / "x", formats=("onnx", "torchscript"), fp16=True)
 
 
+@pytest.mark.slow
 def test_a_full_attention_summarizer_whose_graph_drops_unused_inputs_still_runs(tmp_path):
     """Full cross-attention never reads the RAF state; the exporter prunes those inputs."""
     checkpoint = tiny_srformer(tmp_path / "weights" / "srformer-full", mode="full")

@@ -20,15 +20,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtest.chaos import RedisProcess, Replica, build_tiny_repository, chaos, print_table
+from loadtest.chaos import RedisProcess, Replica, chaos, print_table
 from tests.test_serve_process import _free_port
 
 
 @pytest.fixture(scope="module")
-def tiny_repository(tmp_path_factory):
-    return build_tiny_repository(tmp_path_factory.mktemp("faults"))[0]
+def tiny_repository(forecast_repository):
+    """The shared tiny RSA forecaster (look-back 32), model ``rsa-tiny``, in ONNX."""
+    return forecast_repository[0]
 
 
+@pytest.mark.slow
 def test_chaos_run_loses_nothing_applies_nothing_twice_and_leaves_no_orphans(tiny_repository, tmp_path):
     args = argparse.Namespace(sessions=24, pieces=8, creates=300, duplicates=30, appendfsync="everysec",
                               faults=True, fault_delay=0.4, repository=str(tiny_repository), model="rsa-tiny")

@@ -6,18 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from export.exporter import export_checkpoint
+import pytest
+
 from tests.test_serve_process import _free_port, _start
-from tests.tiny_checkpoints import tiny_forecaster
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_locust_drives_one_shot_and_session_traffic_without_failures(tmp_path, redis_url):
-    checkpoint = tiny_forecaster(tmp_path / "weights" / "rsa-tiny", "rsa", 32, 8)
-    export_checkpoint(checkpoint, tmp_path / "repository", formats=("onnx",))
+@pytest.mark.slow
+def test_locust_drives_one_shot_and_session_traffic_without_failures(forecast_repository, tmp_path, redis_url):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
-    env |= {"RTSERVE_MODEL_REPOSITORY": str(tmp_path / "repository"), "RTSERVE_REDIS_URL": redis_url,
+    env |= {"RTSERVE_MODEL_REPOSITORY": str(forecast_repository[0]), "RTSERVE_REDIS_URL": redis_url,
             "RTSERVE_LOG_LEVEL": "warning"}
     port = _free_port()
     server = _start(env, port)

@@ -82,11 +82,8 @@ def test_srformer_decode_step_runs_in_half_precision(mode, dtype, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def rsa_entry(tmp_path_factory):
-    from export.exporter import export_checkpoint
-
-    root = tmp_path_factory.mktemp("onnx-fp16")
-    return export_checkpoint(tiny_forecaster(root / "weights" / "rsa-tiny", "rsa"), root / "repository")
+def rsa_entry(tiny_models):
+    return tiny_models.entry("rsa-tiny", formats=("onnx",))
 
 
 def test_onnx_fp16_conversion_matches_fp32_and_io_binding_matches_run(rsa_entry):

@@ -14,18 +14,14 @@ import pytest
 import redis as sync_redis
 from redis.asyncio.connection import AbstractConnection
 
-from export.exporter import export_checkpoint
 from service.embedded_redis import EmbeddedRedis
 from tests.service_helpers import make_client
-from tests.tiny_checkpoints import VARIABLES, tiny_forecaster
+from tests.tiny_checkpoints import VARIABLES
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reliability")
-    export_checkpoint(tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", 32, 8), root / "repository",
-                      formats=("onnx",))
-    return root / "repository", None
+def repository(forecast_repository):
+    return forecast_repository
 
 
 def rows(n):

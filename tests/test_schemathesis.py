@@ -15,18 +15,13 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
-from export.exporter import export_checkpoint  # noqa: E402
 from tests.test_serve_process import _free_port  # noqa: E402
-from tests.tiny_checkpoints import tiny_forecaster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def base_url(tmp_path_factory, redis_url):
-    root = tmp_path_factory.mktemp("fuzz")
-    export_checkpoint(tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", 32, 8), root / "repository",
-                      formats=("onnx",))
+def base_url(forecast_repository, redis_url):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
-    env |= {"RTSERVE_MODEL_REPOSITORY": str(root / "repository"), "RTSERVE_REDIS_URL": redis_url,
+    env |= {"RTSERVE_MODEL_REPOSITORY": str(forecast_repository[0]), "RTSERVE_REDIS_URL": redis_url,
             "RTSERVE_REDIS_KEY_PREFIX": "fuzz-" + str(os.getpid()), "RTSERVE_LOG_LEVEL": "warning",
             "RTSERVE_API_KEYS": "fuzz-key"}
     port = _free_port()

@@ -4,10 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from export.exporter import export_checkpoint
 from models.rmt import load_rmt
 from tests.service_helpers import make_client, random_pieces
-from tests.tiny_checkpoints import tiny_rmt
 
 SEGMENT = 32
 WORDS = (
@@ -17,11 +15,9 @@ WORDS = (
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("classify")
-    checkpoint = tiny_rmt(root / "weights" / "rmt-tiny", segment_size=SEGMENT, max_segments=6)
-    export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    return root / "repository", checkpoint
+def repository(classify_repository):
+    """The shared tiny RMT (segments of SEGMENT tokens, at most 6), in ONNX."""
+    return classify_repository
 
 
 def document(rng, words):

@@ -1,26 +1,26 @@
-"""The forecast endpoint and forecasting sessions, over HTTP with a real Redis."""
+"""The forecast endpoint and forecasting sessions, over HTTP with a real Redis.
 
-import time
+The rules every session keeps (seq, replay, finish, delete, ownership, limits, expiry) are in
+test_session_rules.py; here, what is particular to forecasting.
+"""
+
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
 
-from export.exporter import export_checkpoint
 from models.serving.servable import build_servable
 from tests.service_helpers import make_client, random_pieces
-from tests.tiny_checkpoints import VARIABLES, tiny_forecaster
+from tests.tiny_checkpoints import VARIABLES
 
 LOOKBACK, HORIZON = 32, 8
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("forecast")
-    checkpoint = tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", LOOKBACK, HORIZON)
-    export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    return root / "repository", checkpoint
+def repository(forecast_repository):
+    """The shared tiny RSA forecaster: look-back LOOKBACK, horizon HORIZON."""
+    return forecast_repository
 
 
 def series(rng, length):
@@ -80,98 +80,21 @@ def test_stream_equals_whole_for_forecasts(client):
     assert status["state_bytes"] < 4 * LOOKBACK * len(VARIABLES) + 512  # bounded by the look-back
 
 
-def test_two_replicas_sharing_redis_continue_each_others_sessions(repository, redis_url, key_prefix):
-    rng = np.random.default_rng()
-    rows = series(rng, 90)
-    pieces = random_pieces(rows, rng, 20)
-    with make_client(repository[0], redis_url, key_prefix) as first, \
-            make_client(repository[0], redis_url, key_prefix) as second:
-        assert first.app is not second.app
-        session = _open(first)
-        for seq, piece in enumerate(pieces, start=1):
-            replica = first if seq % 2 else second
-            response = replica.post(f"/sessions/{session['id']}/segments", json={"seq": seq, "rows": piece})
-            assert response.status_code == 200, response.text
-        alternated = second.post(f"/sessions/{session['id']}/finish").json()["result"]["forecast"]
-        single = _open(first)
-        for seq, piece in enumerate(pieces, start=1):
-            first.post(f"/sessions/{single['id']}/segments", json={"seq": seq, "rows": piece})
-        alone = first.post(f"/sessions/{single['id']}/finish").json()["result"]["forecast"]
-    np.testing.assert_allclose(alternated, alone, atol=1e-6)
-
-
-def test_each_seq_is_applied_exactly_once(client):
-    rows = series(np.random.default_rng(), 40)
-    session = _open(client)
-    url = f"/sessions/{session['id']}/segments"
-    first = client.post(url, json={"seq": 1, "rows": rows[:10]})
-    assert first.json()["replayed"] is False
-    retry = client.post(url, json={"seq": 1, "rows": rows[:10]})
-    assert retry.status_code == 200 and retry.json()["replayed"] is True
-    assert retry.json()["result"] == first.json()["result"]
-    assert retry.json()["session"]["consumed"] == 10  # not applied twice
-    gap = client.post(url, json={"seq": 3, "rows": rows[10:20]})
-    assert gap.status_code == 409 and gap.json()["expected_seq"] == 2
-    different = client.post(url, json={"seq": 1, "rows": rows[10:20]})
-    assert different.status_code == 409 and different.json()["expected_seq"] == 2
-    client.post(url, json={"seq": 2, "rows": rows[10:20]})
-    stale = client.post(url, json={"seq": 1, "rows": rows[:10]})
-    assert stale.status_code == 409 and "stale" in stale.json()["detail"]
-
-
-def test_twenty_concurrent_copies_of_one_seq_apply_it_once(client):
-    rows = series(np.random.default_rng(), 12)
-    session = _open(client)
-    url = f"/sessions/{session['id']}/segments"
-    with ThreadPoolExecutor(max_workers=20) as pool:
-        responses = list(pool.map(lambda _: client.post(url, json={"seq": 1, "rows": rows}), range(20)))
-    assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
-    assert sum(not r.json()["replayed"] for r in responses) == 1
-    status = client.get(f"/sessions/{session['id']}").json()
-    assert status["seq"] == 1 and status["consumed"] == 12 and status["segments"] == 1
-
-
-def test_session_rules_wrong_piece_kind_and_deletion(client):
+def test_a_forecast_session_finished_before_its_look_back_is_422_until_the_rows_arrive(client):
     session = _open(client)
     url = f"/sessions/{session['id']}"
-    assert client.post(f"{url}/segments", json={"seq": 1, "text": "hello"}).status_code == 422
-    assert client.post(f"{url}/finish").status_code == 422  # no forecast yet: needs the look-back
-    assert client.delete(url).status_code == 204
-    assert client.get(url).status_code == 404
-    assert client.post(f"{url}/segments", json={"seq": 1, "rows": [[0.0] * 7]}).status_code == 404
+    assert client.post(f"{url}/segments", json={"seq": 1, "rows": [[0.0] * 7] * (LOOKBACK - 1)}).status_code == 200
+    early = client.post(f"{url}/finish")
+    assert early.status_code == 422 and client.get(url).json()["status"] == "open"
+    assert client.post(f"{url}/segments", json={"seq": 2, "rows": [[0.0] * 7]}).status_code == 200
+    assert client.post(f"{url}/finish").status_code == 200
 
 
-def test_sessions_belong_to_the_api_key_that_created_them(repository, redis_url, key_prefix):
-    with make_client(repository[0], redis_url, key_prefix, api_keys=["alice", "bob"]) as client:
-        assert client.post("/sessions", json={"task": "forecast"}).status_code == 401
-        alice = {"X-API-Key": "alice"}
-        session = client.post("/sessions", json={"task": "forecast"}, headers=alice).json()
-        url = f"/sessions/{session['id']}"
-        assert client.get(url, headers=alice).status_code == 200
-        assert client.get(url, headers={"Authorization": "Bearer bob"}).status_code == 404
-        bob_piece = client.post(f"{url}/segments", json={"seq": 1, "rows": [[0.0] * 7]}, headers={"X-API-Key": "bob"})
-        assert bob_piece.status_code == 404
-        assert client.get(url, headers=alice).json()["seq"] == 0
-
-
-def test_limits_answer_413_and_429(repository, redis_url, key_prefix):
-    with make_client(repository[0], redis_url, key_prefix, max_body_bytes=2048, max_sessions_per_key=2,
-                     max_segments_per_session=2, api_keys=["carol"]) as client:
-        key = {"X-API-Key": "carol"}
-        big = client.post("/forecast", json={"rows": [[1.0] * 7] * 200}, headers=key)
+def test_a_forecast_body_over_max_body_bytes_is_413(repository, redis_url, key_prefix):
+    with make_client(repository[0], redis_url, key_prefix, max_body_bytes=2048) as client:
+        big = client.post("/forecast", json={"rows": [[1.0] * 7] * 200})
         assert big.status_code == 413 and "2048 bytes" in big.json()["detail"]
-        sessions = [client.post("/sessions", json={"task": "forecast"}, headers=key) for _ in range(3)]
-        assert [s.status_code for s in sessions] == [201, 201, 429]
-        url = f"/sessions/{sessions[0].json()['id']}/segments"
-        codes = [client.post(url, json={"seq": s, "rows": [[0.0] * 7]}, headers=key).status_code for s in (1, 2, 3)]
-        assert codes == [200, 200, 429]
-
-
-def test_redis_down_is_503_with_retry_after(repository):
-    with make_client(repository[0], "redis://127.0.0.1:1/0", "x", redis_timeout_seconds=0.3) as client:
-        response = client.post("/sessions", json={"task": "forecast"})
-        assert response.status_code == 503 and response.headers["Retry-After"]
-        assert "outcome of this request is unknown" in response.json()["detail"]
+        assert client.post("/forecast", json={"rows": [[1.0] * 7] * LOOKBACK}).status_code == 200
 
 
 def test_metrics_cover_requests_batching_sessions_and_redis(client):
@@ -198,28 +121,6 @@ def test_metrics_cover_requests_batching_sessions_and_redis(client):
     assert sizes["rtserve_batch_size_sum"] > sizes["rtserve_batch_size_count"], "concurrent requests never batched"
     # no GPU here: the GPU families are absent, not zero
     assert not any(name.startswith("rtserve_gpu_") for name in families)
-
-
-def _active_sessions(client) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
-    return {s.labels["model"]: s.value for s in families["rtserve_active_sessions"].samples}
-
-
-def test_active_sessions_are_counted_in_redis_the_same_on_every_replica(repository, redis_url, key_prefix):
-    prefix = f"{key_prefix}-live"  # a namespace of its own: other tests leave sessions open
-    rows = series(np.random.default_rng(), 40)
-    with make_client(repository[0], redis_url, prefix) as first, \
-            make_client(repository[0], redis_url, prefix, session_ttl_seconds=1) as short_lived:
-        kept, deleted = _open(first), _open(first)
-        first.post(f"/sessions/{kept['id']}/segments", json={"seq": 1, "rows": rows})
-        _open(short_lived)  # idles out after 1 s
-        assert _active_sessions(first) == _active_sessions(short_lived) == {"rsa-tiny:1": 3.0}
-        assert short_lived.post(f"/sessions/{kept['id']}/finish").status_code == 200  # finished on the other one
-        assert short_lived.delete(f"/sessions/{deleted['id']}").status_code == 204
-        time.sleep(1.2)
-        assert _active_sessions(first) == _active_sessions(short_lived) == {"rsa-tiny:1": 0.0}
 
 
 def test_intra_op_threads_setting_reaches_onnx_runtime(repository):

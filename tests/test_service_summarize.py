@@ -5,9 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from export.exporter import export_checkpoint
 from tests.service_helpers import random_pieces
-from tests.tiny_checkpoints import tiny_srformer
 
 TEXT = (
     "Shares in the bank rose 5% on Monday after it reported record profits. The chief executive said demand "
@@ -18,11 +16,8 @@ TEXT = (
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("summarize")
-    checkpoint = tiny_srformer(root / "weights" / "srformer-tiny")
-    export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    return root / "repository", checkpoint
+def repository(summarize_repository):
+    return summarize_repository
 
 
 def test_summary_equals_the_eager_models_greedy_summary(client, repository):

@@ -4,16 +4,12 @@ import numpy as np
 import pytest
 from redis.asyncio.connection import AbstractConnection
 
-from export.exporter import export_checkpoint
-from tests.tiny_checkpoints import VARIABLES, tiny_forecaster
+from tests.tiny_checkpoints import VARIABLES
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("round-trips")
-    checkpoint = tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", 32, 8)
-    export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    return root / "repository", checkpoint
+def repository(forecast_repository):
+    return forecast_repository
 
 
 @pytest.fixture

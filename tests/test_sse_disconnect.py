@@ -12,12 +12,10 @@ import httpx
 import pytest
 import uvicorn
 
-from export.exporter import export_checkpoint
 from service.app import create_app
 from service.settings import Settings
 from tests.test_serve_process import _free_port
 from tests.test_service_summarize import TEXT
-from tests.tiny_checkpoints import tiny_srformer
 
 
 class SlowCountingBackend:
@@ -31,11 +29,9 @@ class SlowCountingBackend:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, redis_url, key_prefix):
-    root = tmp_path_factory.mktemp("sse")
-    export_checkpoint(tiny_srformer(root / "weights" / "srformer-tiny"), root / "repository", formats=("onnx",))
+def server(summarize_repository, redis_url, key_prefix):
     port = _free_port()
-    app = create_app(Settings(model_repository=root / "repository", redis_url=redis_url,
+    app = create_app(Settings(model_repository=summarize_repository[0], redis_url=redis_url,
                               redis_key_prefix=key_prefix))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -5,11 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from export.exporter import export_checkpoint
-from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
-
 ROOT = Path(__file__).resolve().parents[1]
 
 SERVE_ONE_OF_EACH = """
@@ -33,18 +28,8 @@ print(json.dumps({"statuses": statuses, "torch": "torch" in sys.modules}))
 """
 
 
-@pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("torch-free")
-    for checkpoint in (tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", 32, 8),
-                       tiny_rmt(root / "weights" / "rmt-tiny"),
-                       tiny_srformer(root / "weights" / "srformer-tiny")):
-        export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    return root / "repository"
-
-
-def test_the_onnx_service_answers_every_task_without_importing_torch(repository, redis_url, key_prefix):
-    done = subprocess.run([sys.executable, "-c", SERVE_ONE_OF_EACH, str(repository), redis_url, key_prefix],
+def test_the_onnx_service_answers_every_task_without_importing_torch(every_task_repository, redis_url, key_prefix):
+    done = subprocess.run([sys.executable, "-c", SERVE_ONE_OF_EACH, str(every_task_repository), redis_url, key_prefix],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])

@@ -5,6 +5,8 @@ They keep the test suite fast; trained weights come from the training recipes.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -69,3 +71,64 @@ def tiny_srformer(folder: Path, mode: str = "srformer", encoder_window: int = 24
     model = SRformer(config)
     extras = {"task": "summarize", "beams": 1, "no_repeat_ngram": 3}
     return save_checkpoint(folder, "srformer", config, model.state_dict(), extras)
+
+
+TINY_MODELS = {  # name -> how to build its checkpoint in a folder of that name
+    "rsa-tiny": lambda folder: tiny_forecaster(folder, "rsa", lookback=32, horizon=8),
+    "rmt-tiny": lambda folder: tiny_rmt(folder),
+    "srformer-tiny": lambda folder: tiny_srformer(folder),
+}
+
+
+class TinyModels:
+    """The tiny checkpoints of ``TINY_MODELS`` and their exports, each built on first use, once per run.
+
+    ``checkpoint(name)`` is a checkpoint folder; ``repository(*names, formats=...)`` a model repository
+    holding exactly those models (entries hard-linked from one export per model and formats). Every test
+    that asks gets the same folders: tests read them and never write into them; a test that must change
+    one copies it first (``shutil.copytree``). ``changed()`` lists any file written since it was built.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._checkpoints: dict[str, Path] = {}
+        self._entries: dict[tuple[str, tuple[str, ...]], Path] = {}
+        self._repositories: dict[tuple[tuple[str, ...], tuple[str, ...]], Path] = {}
+        self._built: dict[Path, tuple[int, int]] = {}  # file -> (size, mtime_ns) when built
+
+    def checkpoint(self, name: str) -> Path:
+        if name not in self._checkpoints:
+            self._checkpoints[name] = self._seal(TINY_MODELS[name](self.root / "weights" / name))
+        return self._checkpoints[name]
+
+    def entry(self, name: str, formats: tuple[str, ...] = ("onnx",)) -> Path:
+        """``<name>/1`` exported in ``formats`` (``()``: no graphs, for the eager backends)."""
+        key = (name, tuple(formats))
+        if key not in self._entries:
+            from export.exporter import export_checkpoint
+
+            out = self.root / "exports" / ("-".join(formats) or "eager")
+            self._entries[key] = self._seal(export_checkpoint(self.checkpoint(name), out, formats=tuple(formats)))
+        return self._entries[key]
+
+    def repository(self, *names: str, formats: tuple[str, ...] = ("onnx",)) -> Path:
+        key = (tuple(sorted(names)), tuple(formats))
+        if key not in self._repositories:
+            folder = self.root / "repositories" / ("+".join(key[0]) + "." + ("-".join(formats) or "eager"))
+            for name in key[0]:
+                entry = self.entry(name, formats)
+                shutil.copytree(entry, folder / name / entry.name, copy_function=os.link)
+            self._repositories[key] = self._seal(folder)
+        return self._repositories[key]
+
+    def _seal(self, folder: Path) -> Path:
+        for path in folder.rglob("*"):
+            if path.is_file():
+                stat = path.stat()
+                self._built[path] = (stat.st_size, stat.st_mtime_ns)
+        return folder
+
+    def changed(self) -> list[str]:
+        """Files written, added or removed since they were built (a shared folder a test wrote into)."""
+        now = {path: (path.stat().st_size, path.stat().st_mtime_ns) for path in self.root.rglob("*") if path.is_file()}
+        return sorted(str(path) for path in set(now) | set(self._built) if now.get(path) != self._built.get(path))
