@@ -1,8 +1,8 @@
-"""Named tensors in Redis, through the asyncio client of redis-py.
+"""The Redis connection of the service (redis-py asyncio): the client, readiness checks, errors as 503s.
 
 Keys are namespaced and cluster-safe: ``<prefix>:{<session-id>}:<part>``, so
 all keys of one session fall in one hash slot and can be touched by one Lua
-script. Values are safetensors bytes (see :mod:`service.tensor_codec`).
+script (service/sessions.py). Values are safetensors bytes (see :mod:`service.tensor_codec`).
 
 The client is a plain ``Redis`` (one server, or a Sentinel-managed primary behind
 one address) or, with ``RTSERVE_REDIS_CLUSTER=true``, a ``RedisCluster`` that
@@ -11,10 +11,9 @@ learns the slot map from the URL's node and follows MOVED/ASK and failovers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 
-import numpy as np
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
@@ -22,8 +21,6 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ClusterDownError, OutOfMemoryError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from service.tensor_codec import decode_tensors, encode_tensors
 
 
 class StateStoreUnavailable(RuntimeError):
@@ -150,29 +147,6 @@ class StateStore:
                 warnings.append(f"Redis maxmemory-policy is {policy}{where}: it may evict sessions (whole or in "
                                 "part); rtserve requires noeviction")
         return warnings
-
-    async def put_tensors(
-        self,
-        key: str,
-        tensors: Mapping[str, np.ndarray],
-        ttl_seconds: int,
-        metadata: Mapping[str, str] | None = None,
-    ) -> int:
-        """Store named tensors under ``key`` for ``ttl_seconds``. Returns the bytes written."""
-        payload = encode_tensors(tensors, metadata)
-        with self.unavailable_as_error():
-            await self.client.set(key, payload, ex=ttl_seconds)
-        return len(payload)
-
-    async def get_tensors(self, key: str) -> dict[str, np.ndarray] | None:
-        """The tensors stored under ``key``, or None when absent or expired."""
-        with self.unavailable_as_error():
-            payload = await self.client.get(key)
-        return None if payload is None else decode_tensors(payload)
-
-    async def delete(self, *keys: str) -> int:
-        with self.unavailable_as_error():
-            return int(await self.client.delete(*keys)) if keys else 0
 
     async def close(self) -> None:
         await self.client.aclose()
