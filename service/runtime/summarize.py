@@ -23,7 +23,7 @@ from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.decoding import BeamSearch, GreedySearch, Search, TokenCallback
-from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, Finished, load_initial_state
 
 
 class SummarizePipeline:
@@ -89,8 +89,9 @@ class SummarizePipeline:
         cut_state, windows = self.cutter.flush(state)
         final_state, chunk = await self._encode(cut_state, windows)
         chunks = [*chunks, chunk] if chunk is not None else list(chunks)
-        if not chunks:
-            raise InputError("the document has no text to summarize")
+        if not chunks:  # a document without a single token: an empty summary (the schema allows empty text)
+            result = {"summary": "", "tokens": 0, "summary_tokens": 0}
+            return Finished(result, _no_tokens() if stream else None, segments=len(windows))
         memory, source_ids = self._memory(final_state, chunks)
         beams = int(options.get("beam_size") or self.settings["beam_size"])
         limit = self._limit(source_ids.shape[1], options.get("max_length"))
@@ -103,8 +104,8 @@ class SummarizePipeline:
 
         if not stream:
             await run()
-            return Finished(result)
-        return Finished(result, self._stream(run, beams))
+            return Finished(result, segments=len(windows))
+        return Finished(result, self._stream(run, beams), segments=len(windows))
 
     async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int) -> AsyncIterator[str]:
         """Text as it is generated (greedy: token by token; beam search: at the end)."""
@@ -172,6 +173,11 @@ class SummarizePipeline:
         search: Search = (GreedySearch(bos, eos, vocab_ids, limit, no_repeat, on_token) if beams == 1
                           else BeamSearch(bos, eos, vocab_ids, limit, no_repeat, beams))
         return await self.decode.generate(search, fixed, state)
+
+
+async def _no_tokens() -> AsyncIterator[str]:
+    return
+    yield  # an async generator that yields nothing
 
 
 def repeat_rows(arrays: Mapping[str, np.ndarray], rows: int) -> Arrays:
