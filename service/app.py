@@ -123,5 +123,18 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     if "HTTPValidationError" not in str(schema["paths"]):
         components.pop("HTTPValidationError", None)
         components.pop("ValidationError", None)
-    app.openapi_schema = schema
+    settings: Settings = app.state.settings
+    for name in ("ClassifyRequest", "SummarizeRequest", "TextPiece"):
+        components[name]["properties"]["text"]["maxLength"] = settings.max_text_chars
+    registry: ModelRegistry | None = getattr(app.state, "models", None)
+    widths = sorted({len(m.manifest["settings"]["variables"]) for m in (registry.models if registry else {}).values()
+                     if m.task == "forecast"})
+    for name in ("ForecastRequest", "RowsPiece"):
+        rows = components[name]["properties"]["rows"]
+        rows["maxItems"] = settings.max_rows
+        if widths:  # what this deployment's forecasters read: a row of another width is refused (422)
+            rows["items"] |= {"minItems": widths[0], "maxItems": widths[-1]}
+            rows["description"] += f" Forecasters loaded here read {' or '.join(map(str, widths))} values per row."
+    if registry is not None and registry.loaded_count() == registry.expected_count():
+        app.openapi_schema = schema  # complete: kept (before the models are loaded, built again next time)
     return schema

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, WithJsonSchema
 
 Task = Literal["classify", "summarize", "forecast"]
 
@@ -18,8 +18,30 @@ MODEL_FIELD = Field(
 EXAMPLE_ROWS = [[5.827, 2.009, 1.599, 0.462, 4.203, 1.340, 30.531], [5.693, 2.076, 1.492, 0.426, 4.142, 1.371, 27.787]]
 VARIABLES = ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
 
-# JSON numbers only: a string "1.5" or a boolean is refused (422), never silently converted.
-Number = StrictFloat | StrictInt
+# JSON numbers only (a string "1.5" or a boolean is refused, never silently converted), within float32's range:
+# the models compute in float32, where a larger value is infinite.
+FLOAT32_MAX = 3.4028234663852886e38
+Number = Annotated[float, Strict(), Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer: 8 and 8.0, never "8" or true (pydantic's lax int takes both, its strict int neither)."""
+    if isinstance(value, (str, bool, bytes)):
+        raise ValueError("Input should be a JSON integer, not a string or a boolean")
+    return value
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Any:
+    # the schema written out: after a BeforeValidator pydantic would emit its own `ge`/`le` keys, not JSON Schema's
+    schema: dict[str, Any] = {"type": "integer", "minimum": minimum}
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return Annotated[int, BeforeValidator(_json_integer), Field(ge=minimum, le=maximum), WithJsonSchema(schema)]
+
+
+Seq = _integer(1)
+MaxLength = _integer(1, 1024)
+BeamSize = _integer(1, 8)
 Rows = list[list[Number]]
 
 STREAM_DESCRIPTION = (
@@ -97,8 +119,8 @@ class SummarizeRequest(BaseModel):
     model: str | None = Field(None, description="Model name or `name:version`; default: the task's default.",
                               examples=["srformer-news"])
     stream: StrictBool = Field(False, description=STREAM_DESCRIPTION, examples=[False])
-    max_length: StrictInt | None = Field(None, ge=1, le=1024, description=MAX_LENGTH_DESCRIPTION, examples=[60])
-    beam_size: StrictInt | None = Field(None, ge=1, le=8, description=BEAM_SIZE_DESCRIPTION, examples=[1])
+    max_length: MaxLength | None = Field(None, description=MAX_LENGTH_DESCRIPTION, examples=[60])
+    beam_size: BeamSize | None = Field(None, description=BEAM_SIZE_DESCRIPTION, examples=[1])
 
 
 class SummaryResult(BaseModel):
@@ -142,7 +164,10 @@ class ForecastResponse(ForecastResult):
 
 
 class SessionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["task"], "properties": {"task": {"type": "string"}}},
+        {"required": ["model"], "properties": {"model": {"type": "string"}}},
+    ]})
     task: Task | None = Field(None, description="Task; its default model is used unless `model` is given. Name a "
                               "`task`, a `model`, or both.", examples=["classify"])
     model: str | None = MODEL_FIELD
@@ -168,7 +193,7 @@ class SessionInfo(BaseModel):
 
 class TextPiece(BaseModel):
     model_config = ConfigDict(extra="forbid", title="TextPiece")
-    seq: StrictInt = Field(ge=1, description="1 for the first piece, +1 per piece. A retry repeats the number "
+    seq: Seq = Field(description="1 for the first piece, +1 per piece. A retry repeats the number "
                            "(and the content): it is answered from the stored result, never applied twice.",
                            examples=[1])
     text: str = Field(description="Next piece of text (classify and summarize sessions); pieces may split words.",
@@ -177,7 +202,7 @@ class TextPiece(BaseModel):
 
 class RowsPiece(BaseModel):
     model_config = ConfigDict(extra="forbid", title="RowsPiece")
-    seq: StrictInt = Field(ge=1, description="1 for the first piece, +1 per piece. A retry repeats the number "
+    seq: Seq = Field(description="1 for the first piece, +1 per piece. A retry repeats the number "
                            "(and the content): it is answered from the stored result, never applied twice.",
                            examples=[1])
     rows: Rows = Field(min_length=1, description="Next rows (forecast sessions), one JSON number per variable.",
@@ -213,9 +238,9 @@ class FinishRequest(BaseModel):
     stream: StrictBool = Field(False, description="Summaries only. " + STREAM_DESCRIPTION + " On a session "
                                "already finished the stored summary is sent again, as one `token` event.",
                                examples=[False])
-    max_length: StrictInt | None = Field(None, ge=1, le=1024, description="Summaries only. " + MAX_LENGTH_DESCRIPTION,
+    max_length: MaxLength | None = Field(None, description="Summaries only. " + MAX_LENGTH_DESCRIPTION,
                                          examples=[60])
-    beam_size: StrictInt | None = Field(None, ge=1, le=8, description="Summaries only. " + BEAM_SIZE_DESCRIPTION,
+    beam_size: BeamSize | None = Field(None, description="Summaries only. " + BEAM_SIZE_DESCRIPTION,
                                         examples=[1])
 
 

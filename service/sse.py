@@ -35,13 +35,16 @@ def sse_content(done_schema: str) -> dict[str, Any]:
             },
         }
 
+    one_event = {"oneOf": [
+        event("token", "TokenEvent", "The next piece of summary text."),
+        event("done", done_schema, "The whole answer, as the JSON answer would hold it; the last event."),
+    ]}
     return {
         "text/event-stream": {
-            "schema": {"type": "string", "description": "Server-Sent Events: `token` events, then one `done`."},
-            "itemSchema": {"oneOf": [
-                event("token", "TokenEvent", "The next piece of summary text."),
-                event("done", done_schema, "The whole answer, as the JSON answer would hold it; the last event."),
-            ]},
+            # OpenAPI 3.2: `schema` is the whole stream (its events, in order), `itemSchema` one event
+            "schema": {"type": "array", "items": one_event,
+                       "description": "Server-Sent Events: `token` events, then one `done`."},
+            "itemSchema": one_event,
             "example": 'event: token\r\ndata: {"text": "Shares"}\r\n\r\nevent: token\r\ndata: {"text": " in the bank '
                        'rose 5%."}\r\n\r\nevent: done\r\ndata: {"summary": "Shares in the bank rose 5%.", ...}\r\n\r\n',
         }
