@@ -23,6 +23,7 @@ from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.decoding import BeamSearch, GreedySearch, Search, TokenCallback
+from service.runtime.detokenize import Detokenizer, WordStream
 from service.runtime.pipeline import Arrays, Consumed, Finished, load_initial_state
 
 
@@ -38,6 +39,7 @@ class SummarizePipeline:
         assert isinstance(self.encode, DynamicBatcher) and isinstance(self.decode, DecodeLoop)
         self.layers, self.heads, self.head_dim = int(s["n_layer"]), int(s["n_head"]), int(s["head_dim"])
         self.tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
+        self.detokenizer = Detokenizer(self.tokenizer)
         self.cutter = SegmentCutter(
             self.tokenizer, int(s["encoder_window"]) + 2, int(s["max_windows"]), int(s["pending_bytes"])
         )
@@ -96,28 +98,29 @@ class SummarizePipeline:
         beams = int(options.get("beam_size") or self.settings["beam_size"])
         limit = self._limit(source_ids.shape[1], options.get("max_length"))
         result: dict[str, Any] = {"summary": "", "tokens": int(source_ids.shape[1]), "summary_tokens": 0}
+        # copying models: words only as the document has them (no glued pieces, no word cut at the cap)
+        known = self.detokenizer.vocabulary(source_ids[0]) if self.settings["output_vocab"] != "full" else None
 
         async def run(on_token: TokenCallback | None = None) -> list[int]:
             ids = await self._search(memory, source_ids, limit, beams, on_token)
-            result.update(summary=self.tokenizer.decode(ids), summary_tokens=len(ids))
+            result.update(summary=self.detokenizer.text(ids, known), summary_tokens=len(ids))
             return ids
 
         if not stream:
             await run()
             return Finished(result, segments=len(windows))
-        return Finished(result, self._stream(run, beams), segments=len(windows))
+        return Finished(result, self._stream(run, beams, result, known), segments=len(windows))
 
-    async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int) -> AsyncIterator[str]:
-        """Text as it is generated (greedy: token by token; beam search: at the end)."""
+    async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int, result: dict[str, Any],
+                      known: frozenset[tuple[int, ...]] | None) -> AsyncIterator[str]:
+        """Text as it is generated, whole words at a time (greedy search); beam search: all of it at the end."""
         queue: asyncio.Queue[str | None] = asyncio.Queue()
-        sent = ""
+        words = WordStream(self.detokenizer, known)
 
         def on_token(ids: list[int]) -> None:
-            nonlocal sent
-            text = self.tokenizer.decode(ids)
-            if text.startswith(sent) and len(text) > len(sent):  # WordPiece may rewrite the last word's end
-                queue.put_nowait(text[len(sent) :])
-                sent = text
+            piece = words.update(ids)
+            if piece:
+                queue.put_nowait(piece)
 
         task = asyncio.create_task(run(on_token if beams == 1 else None))
         task.add_done_callback(lambda _: queue.put_nowait(None))
@@ -127,10 +130,10 @@ class SummarizePipeline:
         finally:  # the client left (the generator is closed early): stop generating at the next step
             if not task.done():
                 task.cancel()
-        ids = await task  # re-raises a failed search
-        text = self.tokenizer.decode(ids)
-        if text.startswith(sent) and len(text) > len(sent):
-            yield text[len(sent) :]
+        await task  # re-raises a failed search
+        rest = words.finish(result["summary"])
+        if rest:
+            yield rest
 
     def _memory(self, state: Mapping[str, np.ndarray], chunks: list[Arrays]) -> tuple[Arrays, np.ndarray]:
         memory: Arrays = {}
