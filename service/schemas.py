@@ -291,8 +291,8 @@ class ModelInfo(BaseModel):
     )
     max_batch_size: int = Field(description="Largest batch the batcher forms for this model.", examples=[32])
     manifest: dict[str, Any] = Field(
-        description="The entry's manifest.json: settings (segment length, look-back, labels, ...), graphs, state "
-        "spec, and `metrics`: the model's measured test scores.",
-        examples=[{"task": "forecast", "family": "rsa", "settings": {"lookback": 96, "horizon": 24},
-                   "metrics": {"test_mse": 0.296, "test_mae": 0.346}}],
+        description="The entry's manifest.json: settings (segment length, look-back, labels, ... and `metrics`: the "
+        "model's measured test scores), graphs, state spec.",
+        examples=[{"task": "forecast", "family": "rsa", "settings": {"lookback": 96, "horizon": 24, "metrics": {
+            "test": {"mse": 0.296, "mae": 0.346}}}}],
     )

@@ -6,6 +6,7 @@ summaries about 15 s on 2 cores).
 """
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -109,3 +110,11 @@ async def test_streamed_summary_is_whole_words_adding_up_to_the_summary(news_mod
     pieces, result = [piece async for piece in finished.tokens], finished.result
     assert len(pieces) > 5 and "".join(pieces) == result["summary"]
     assert all(piece.startswith(" ") for piece in pieces[1:])
+
+
+def test_the_export_writes_the_measured_scores_into_the_manifest(news_repository):
+    manifest = json.loads((news_repository / "srformer-news" / "1" / "manifest.json").read_text())
+    assert manifest["settings"]["metrics"]["test"] == {"rouge1": 0.5781, "rouge2": 0.4183, "rougeL": 0.3159}
+    for folder in sorted(ROOT.joinpath("weights").glob("*/config.json")):  # every shipped model has its scores
+        extras = json.loads(folder.read_text())["extras"]
+        assert extras.get("metrics") or (folder.parent / "metrics.json").exists(), folder.parent.name
