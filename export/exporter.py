@@ -179,13 +179,25 @@ def export_servable(
         "source_checkpoint_sha256": load_checkpoint(checkpoint_folder).sha256(),
         "exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "torch_version": torch.__version__,
-        "settings": servable.settings,
+        "settings": _with_metrics(servable.settings, checkpoint_folder),
         "state_spec": [spec_dict(spec) for spec in servable.state_spec],
         "graphs": graphs,
         "assets": assets,
     }
     (entry / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return entry
+
+
+METRICS_FILE = "metrics.json"
+
+
+def _with_metrics(settings: dict, checkpoint_folder: Path) -> dict:
+    """The servable's settings; where its checkpoint carries no measured scores (the classifier and the summarizer
+    were scored after training, by ``rtserve eval``), those of ``metrics.json`` beside the checkpoint."""
+    extra = checkpoint_folder / METRICS_FILE
+    if settings.get("metrics") or not extra.exists():
+        return settings
+    return {**settings, "metrics": json.loads(extra.read_text())}
 
 
 def export_checkpoint(

@@ -523,7 +523,7 @@ async def finish_all(client: Client, ids: list[str], concurrent: bool) -> tuple[
     else:
         answers = [await client.post(f"/sessions/{i}/finish") for i in ids]
     seconds = time.perf_counter() - started
-    return seconds, sum(int(answer["result"]["summary_tokens"]) for answer in answers)
+    return seconds, sum(int(answer["summary_tokens"]) for answer in answers)
 
 
 async def read_documents(client: Client, model: str, sessions: list[SessionInput]) -> list[str]:

@@ -29,12 +29,13 @@ def _headers() -> dict[str, str]:
 
 @events.test_start.add_listener
 def discover_models(environment: Any, **_: object) -> None:
-    import httpx
+    """The loaded tasks and their defaults' settings, through rtserve's own client (the load itself goes through
+    locust's client, which records every request's timing)."""
+    from rtserve.client import Client
 
-    response = httpx.get(f"{environment.host}/models", headers=_headers(), timeout=30)
-    response.raise_for_status()
-    for model in response.json():
-        LOADED.setdefault(model["task"], model["manifest"]["settings"])
+    with Client(environment.host, api_key=os.environ.get("RTSERVE_API_KEY"), timeout=30) as client:
+        for model in sorted(client.models(), key=lambda m: not m["default"]):  # each task's default first
+            LOADED.setdefault(model["task"], model["manifest"]["settings"])
 
 
 def _text(words: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -26,9 +27,14 @@ CONCURRENCY = 32
 
 
 async def _gather(items: Sequence[Any], work: Callable[[Any], Awaitable[Any]]) -> list[Any]:
+    """Every item's answer, CONCURRENCY at a time; progress (done/total, rate) on stderr, stdout keeps the JSON."""
     results: list[Any] = []
+    started = time.perf_counter()
     for start in range(0, len(items), CONCURRENCY):
         results += await asyncio.gather(*(work(item) for item in items[start : start + CONCURRENCY]))
+        seconds = time.perf_counter() - started
+        print(f"rtserve eval: {len(results)}/{len(items)} scored, {seconds:.0f} s, "
+              f"{len(results) / max(seconds, 1e-9):.1f}/s", file=sys.stderr, flush=True)
     return results
 
 

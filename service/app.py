@@ -12,16 +12,21 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.openapi.utils import get_openapi
 
 import rtserve
 from service.embedded_redis import EmbeddedRedis
 from service.errors import install_error_handlers
 from service.metrics import ServiceMetrics
-from service.middleware import BodyLimitMiddleware, RequestMetricsMiddleware
-from service.routers import classify, forecast, health, models, sessions, summarize
+from service.middleware import BodyLimitMiddleware, RequestIdMiddleware, RequestMetricsMiddleware
+from service.routers import classify, docs, forecast, health, models, sessions, summarize
 from service.runtime.registry import ModelRegistry
+from service.schemas import TokenEvent
 from service.session_flow import SessionFlow
 from service.sessions import SessionStore
 from service.settings import Settings
@@ -58,26 +63,79 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             log.info("stopped embedded Redis")
 
 
+DESCRIPTION = """\
+Serving recurrent transformers segment by segment: long-document classification (RMT), summarization (SRformer)
+and time-series forecasting (RSA, R-Transformer), one-shot or streamed through sessions whose recurrent state
+lives in Redis.
+
+- **Authentication**: with `RTSERVE_API_KEYS` set, send a key as `X-API-Key: <key>` or `Authorization: Bearer
+  <key>` (the *Authorize* button). Without it, no key is needed.
+- **Errors**: every error is `{"detail": "...", "request_id": "..."}`; validation errors (422) add `errors`, one
+  entry per field; sequence conflicts (409) add `expected_seq`.
+- **Request ids**: send `X-Request-ID` (1-128 characters of `A-Za-z0-9._:/+=-`) or one is made; it comes back in
+  the `X-Request-ID` header, in error bodies and in every log line of the request.
+- **Sessions**: `POST /sessions`, then pieces with `seq` 1, 2, ... (a retry of the same `seq` is answered from
+  the stored result, exactly once), then `finish`: the one-shot answer for the whole input, plus `session`.
+"""
+
+
 def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = metrics or ServiceMetrics()
     app = FastAPI(
-        title="rtserve",
-        version=rtserve.__version__,
-        description=(
-            "Serving recurrent transformers segment by segment: long-document classification (RMT), "
-            "summarization (SRformer) and time-series forecasting (RSA, R-Transformer), one-shot or "
-            "streamed through sessions whose recurrent state lives in Redis."
-        ),
-        lifespan=_lifespan,
+        title="rtserve", version=rtserve.__version__, description=DESCRIPTION, lifespan=_lifespan,
+        docs_url=None, redoc_url=None, openapi_url=None,  # served by routers/docs.py, with local assets
     )
     app.state.settings = settings
     app.state.metrics = metrics
     install_error_handlers(app)
     for router in (health.router, models.router, classify.router, summarize.router, forecast.router,
-                   sessions.router):
+                   sessions.router, docs.router):
         app.include_router(router)
+    app.mount(docs.ASSETS_URL, docs.assets(), name="docs-assets")
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    # the last added is the outermost
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                        read_timeout_seconds=settings.request_read_timeout_seconds)
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)  # outermost: sees 413s too
+    if settings.gzip_minimum_bytes > 0:  # Starlette never compresses text/event-stream
+        app.add_middleware(GZipMiddleware, minimum_size=settings.gzip_minimum_bytes)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID", "Accept"],
+                           expose_headers=["X-Request-ID", "Retry-After"])
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, log_access=settings.access_log)  # sees 413s too
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer and log line carries the id
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, plus the SSE event schema, less the 422 FastAPI adds to routes that cannot answer it."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
+                         tags=app.openapi_tags)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components["TokenEvent"] = TokenEvent.model_json_schema(ref_template="#/components/schemas/{model}")
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            answer = operation.get("responses", {}).get("422")
+            if answer and "HTTPValidationError" in str(answer):  # path parameters that are plain strings
+                del operation["responses"]["422"]
+    if "HTTPValidationError" not in str(schema["paths"]):
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+    settings: Settings = app.state.settings
+    for name in ("ClassifyRequest", "SummarizeRequest", "TextPiece"):
+        components[name]["properties"]["text"]["maxLength"] = settings.max_text_chars
+    registry: ModelRegistry | None = getattr(app.state, "models", None)
+    widths = sorted({len(m.manifest["settings"]["variables"]) for m in (registry.models if registry else {}).values()
+                     if m.task == "forecast"})
+    for name in ("ForecastRequest", "RowsPiece"):
+        rows = components[name]["properties"]["rows"]
+        rows["maxItems"] = settings.max_rows
+        if widths:  # what this deployment's forecasters read: a row of another width is refused (422)
+            rows["items"] |= {"minItems": widths[0], "maxItems": widths[-1]}
+            rows["description"] += f" Forecasters loaded here read {' or '.join(map(str, widths))} values per row."
+    if registry is not None and registry.loaded_count() == registry.expected_count():
+        app.openapi_schema = schema  # complete: kept (before the models are loaded, built again next time)
+    return schema

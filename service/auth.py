@@ -9,7 +9,8 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from service.dependencies import SettingsDep
 from service.sessions import owner_of
@@ -23,7 +24,19 @@ def _presented_key(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-async def get_owner(request: Request, settings: SettingsDep) -> str:
+# Declared for OpenAPI (the "Authorize" button of /docs); the key itself is read by _presented_key, which
+# also takes a Bearer token with odd spacing. auto_error=False: without RTSERVE_API_KEYS no key is needed.
+api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, scheme_name="APIKey",
+                              description="An API key of `RTSERVE_API_KEYS` (needed only when that is set).")
+bearer = HTTPBearer(auto_error=False, scheme_name="Bearer",
+                    description="The same API key as a Bearer token: `Authorization: Bearer <key>`.")
+
+
+async def get_owner(
+    request: Request, settings: SettingsDep,
+    _key: Annotated[str | None, Security(api_key_header)] = None,
+    _token: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)] = None,
+) -> str:
     """The owner id of the caller's sessions; 401 when keys are configured and none valid is presented."""
     if not settings.api_keys:
         return owner_of(None)

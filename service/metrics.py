@@ -16,13 +16,23 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# from 100 µs: a forecast step or a Redis round trip takes well under a millisecond
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                   30, 60)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 BYTES_BUCKETS = tuple(float(4**k) for k in range(4, 14))  # 256 B .. 64 MiB
 
@@ -196,12 +206,28 @@ class EnergyMeter:
         return self._nvml.nvmlDeviceGetHandleByIndex(index)
 
 
-class ServiceMetrics:
-    """Every metric the service exports, registered on one private registry."""
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
-    def __init__(self, registry: CollectorRegistry | None = None, collect_gpu: bool = True) -> None:
+# No `<name>_created` series: they double every counter and histogram for a timestamp nobody graphs.
+# (A process-wide switch of prometheus_client; it only affects exposition.)
+disable_created_metrics()
+
+
+class ServiceMetrics:
+    """Every metric the service exports, registered on one private registry.
+
+    The ``model`` label of the request metrics is the ``name:version`` that served the request, also on errors
+    after the model was known (a session's GET, DELETE, 409, ...); it is empty (in PromQL: absent) for requests
+    that involve no model (health, metrics, docs, ``/models``) or were refused before one was named.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, collect_gpu: bool = True,
+                 collect_process: bool = True) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        if collect_process:  # process_cpu_seconds_total, process_resident_memory_bytes, ... and python_info
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
         self.requests = Counter(
             "rtserve_requests", "HTTP requests by route, model and status.", ["route", "model", "status"], registry=r
         )
@@ -214,7 +240,7 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
-            "rtserve_batch_size", "Steps stacked into one batched model call.", ["model"],
+            "rtserve_batch_size", "Steps stacked into one batched model call, per graph.", ["model", "graph"],
             buckets=BATCH_BUCKETS, registry=r,
         )
         self.step_seconds = Histogram(
@@ -222,7 +248,17 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS, registry=r,
         )
         self.segments = Counter(
-            "rtserve_segments_processed", "Segments (steps) applied, by model.", ["model"], registry=r
+            "rtserve_segments_processed",
+            "Segments (model steps over the input) applied, by model: one-shot requests, session pieces and the "
+            "tail a finish reads.", ["model"], registry=r,
+        )
+        self.time_to_first_token = Histogram(
+            "rtserve_time_to_first_token_seconds",
+            "Summaries: from the handler's start to the first summary text sent (streamed: the first `token` "
+            "event; JSON: the answer).", ["model", "stream"], buckets=TTFT_BUCKETS, registry=r,
+        )
+        self.generated_tokens = Counter(
+            "rtserve_generated_tokens", "Summary tokens generated, by model.", ["model"], registry=r
         )
         self.active_sessions = Gauge(
             "rtserve_active_sessions",
@@ -247,7 +283,7 @@ class ServiceMetrics:
         self, model: str, backend: str, graph: str, rows: int, seconds: float, queued: list[float]
     ) -> None:
         """One batched model call: its size, its duration, and how long each of its callers queued."""
-        self.batch_size.labels(model=model).observe(rows)
+        self.batch_size.labels(model=model, graph=graph).observe(rows)
         self.step_seconds.labels(model=model, backend=backend, graph=graph).observe(seconds)
         for wait in queued:
             self.queue_seconds.labels(model=model).observe(wait)

@@ -1,16 +1,59 @@
-"""ASGI middleware: request body read whole, bounded in size (413) and time (408); request metrics by route,
-model and status."""
+"""ASGI middleware: request ids; request body read whole, bounded in size (413) and time (408); request
+metrics and the access log by route template, model and status."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import time
+import uuid
 from typing import Any
 
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.logs import request_id_var
 from service.metrics import ServiceMetrics
+
+access_log = logging.getLogger("rtserve.access")
+
+# a client's X-Request-ID is kept when it is short and plain (it goes into logs and headers as it is)
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def request_id_of(scope: Scope) -> str | None:
+    state = scope.get("state")
+    return state.get("request_id") if isinstance(state, dict) else None
+
+
+class RequestIdMiddleware:
+    """Takes the client's ``X-Request-ID`` (1-128 characters of ``A-Za-z0-9._:/+=-``) or makes one, puts it in the
+    request's state and the logging context, and echoes it in the response's ``X-Request-ID`` header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        request_id = sent if _CLIENT_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        token = request_id_var.set(request_id)
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id_var.reset(token)
 
 
 class BodyLimitMiddleware:
@@ -34,7 +77,7 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, 413, f"request body exceeds {self.max_bytes} bytes: {TOO_LARGE_HINT}")
+            await self._refuse(scope, send, 413, f"request body exceeds {self.max_bytes} bytes: {TOO_LARGE_HINT}")
             return
         chunks: list[bytes] = []
         received = 0
@@ -47,12 +90,14 @@ class BodyLimitMiddleware:
                     chunks.append(message.get("body", b""))
                     received += len(chunks[-1])
                     if received > self.max_bytes:
-                        await self._refuse(send, 413, f"request body exceeds {self.max_bytes} bytes: {TOO_LARGE_HINT}")
+                        await self._refuse(scope, send, 413,
+                                           f"request body exceeds {self.max_bytes} bytes: {TOO_LARGE_HINT}")
                         return
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            await self._refuse(send, 408, f"the request body did not arrive within {self.read_timeout_seconds:g} s")
+            await self._refuse(scope, send, 408,
+                               f"the request body did not arrive within {self.read_timeout_seconds:g} s")
             return
         body, replayed = b"".join(chunks), False
 
@@ -66,8 +111,8 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     @staticmethod
-    async def _refuse(send: Send, status: int, detail: str) -> None:
-        body = json.dumps({"detail": detail}).encode()
+    async def _refuse(scope: Scope, send: Send, status: int, detail: str) -> None:
+        body = json.dumps({"detail": detail, "request_id": request_id_of(scope)}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
@@ -78,11 +123,14 @@ TOO_LARGE_HINT = "send long inputs through a session in pieces"
 
 
 class RequestMetricsMiddleware:
-    """Counts and times every request by route template, model (set by the handler) and status."""
+    """Counts and times every request by route template, model (set by the handler) and status, and writes the
+    access log line (``RTSERVE_ACCESS_LOG``) with the route template, never the path: session ids stay out of
+    logs."""
 
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, log_access: bool = False) -> None:
         self.app = app
         self.metrics = metrics
+        self.log_access = log_access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,10 +148,30 @@ class RequestMetricsMiddleware:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            route: Any = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
+            seconds = time.perf_counter() - started
+            route = route_template(scope)
             state = scope.get("state") or {}
             model = state.get("model", "") if isinstance(state, dict) else ""
-            labels = {"route": path, "model": model, "status": str(status)}
+            labels = {"route": route, "model": model, "status": str(status)}
             self.metrics.requests.labels(**labels).inc()
-            self.metrics.request_seconds.labels(**labels).observe(time.perf_counter() - started)
+            self.metrics.request_seconds.labels(**labels).observe(seconds)
+            if self.log_access:
+                access_log.info(
+                    "%s %s %d %.1f ms", scope.get("method"), route, status, seconds * 1000,
+                    extra={"method": scope.get("method"), "route": route, "status": status, "model": model,
+                           "duration_ms": round(seconds * 1000, 3)},
+                )
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's template (``/sessions/{session_id}``), the mount's path (docs assets), or ``unmatched``."""
+    route: Any = scope.get("route")
+    path = getattr(route, "path", None)
+    if path:
+        return path
+    app = scope.get("app")
+    for candidate in getattr(getattr(app, "router", None), "routes", ()):  # routes FastAPI does not mark
+        match, _ = candidate.matches({**scope, "path": scope.get("path", "")})
+        if match is not Match.NONE:  # PARTIAL: the path matched, the method did not (405)
+            return getattr(candidate, "path", None) or "unmatched"
+    return "unmatched"

@@ -2,84 +2,180 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, WithJsonSchema
 
 Task = Literal["classify", "summarize", "forecast"]
 
 MODEL_FIELD = Field(
     None,
-    description="Model name, or `name:version`. Default: the configured default for the task.",
+    description="Model name (its latest version), or `name:version`. Default: the task's default model "
+    "(`RTSERVE_DEFAULT_MODELS`, else the first model of the task; `GET /models` marks it).",
     examples=["rmt-hyperpartisan"],
 )
 
 EXAMPLE_ROWS = [[5.827, 2.009, 1.599, 0.462, 4.203, 1.340, 30.531], [5.693, 2.076, 1.492, 0.426, 4.142, 1.371, 27.787]]
+VARIABLES = ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
+
+# JSON numbers only (a string "1.5" or a boolean is refused, never silently converted), within float32's range:
+# the models compute in float32, where a larger value is infinite.
+FLOAT32_MAX = 3.4028234663852886e38
+Number = Annotated[float, Strict(), Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's integer: 8 and 8.0, never "8" or true (pydantic's lax int takes both, its strict int neither)."""
+    if isinstance(value, (str, bool, bytes)):
+        raise ValueError("Input should be a JSON integer, not a string or a boolean")
+    return value
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Any:
+    # the schema written out: after a BeforeValidator pydantic would emit its own `ge`/`le` keys, not JSON Schema's
+    schema: dict[str, Any] = {"type": "integer", "minimum": minimum}
+    if maximum is not None:
+        schema["maximum"] = maximum
+    return Annotated[int, BeforeValidator(_json_integer), Field(ge=minimum, le=maximum), WithJsonSchema(schema)]
+
+
+Seq = _integer(1)
+MaxLength = _integer(1, 1024)
+BeamSize = _integer(1, 8)
+Rows = list[list[Number]]
+
+STREAM_DESCRIPTION = (
+    "Answer as Server-Sent Events (also when the request says `Accept: text/event-stream`): `token` events "
+    "carrying the summary text as it is generated, whole words at a time, then one `done` event with the "
+    "same object the JSON answer would hold. Greedy search (`beam_size` 1) streams while it decodes; beam "
+    "search only knows its best summary at the end, so it sends one `token` event with the whole summary, "
+    "then `done`."
+)
+MAX_LENGTH_DESCRIPTION = (
+    "Most summary tokens (WordPiece tokens) to generate. Default: the model's own length rule (a share "
+    "of the document's length, see `GET /models`). The summary ends at a word boundary at or below it."
+)
+BEAM_SIZE_DESCRIPTION = "Beam width: 1 is greedy search (streams word by word), 2-8 beam search. Default: the model's."
+
+
+class FieldError(BaseModel):
+    """One field a request got wrong (validation errors only)."""
+
+    loc: list[str | int] = Field(description="Where: `body`, then the field path.", examples=[["body", "rows", 0, 1]])
+    msg: str = Field(description="What is wrong with it.", examples=["Input should be a valid number"])
+    type: str = Field(description="pydantic's error type.", examples=["float_type"])
+
+
+class ErrorBody(BaseModel):
+    """Every error the service answers (4xx and 5xx) has this shape."""
+
+    detail: str = Field(description="What went wrong and what to change.", examples=["piece 3 is out of order"])
+    errors: list[FieldError] | None = Field(
+        None, description="For 422 validation errors: every field that failed, with where and why.",
+        examples=[[{"loc": ["body", "text"], "msg": "Field required", "type": "missing"}]],
+    )
+    expected_seq: int | None = Field(None, description="For 409 on sessions: the seq to send next.", examples=[2])
+    request_id: str | None = Field(
+        None, description="The request's id (the `X-Request-ID` header, sent or generated); quote it when "
+        "reporting a problem: every log line of the request carries it.", examples=["5f0c9a1e2b7d4c61"],
+    )
+
+
+# ---- one-shot answers ----------------------------------------------------------------------------------
 
 
 class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(description="The document to classify, any length.", examples=["The senator said ..."])
+    text: str = Field(
+        description="The document to classify, any length up to `RTSERVE_MAX_TEXT_CHARS` characters (longer: use "
+        "a session). Text without any token (empty) gives `label` null.",
+        examples=["The senator said on Monday that the bill would pass ..."],
+    )
     model: str | None = MODEL_FIELD
 
 
-class ClassifyResponse(BaseModel):
-    model: str = Field(description="`name:version` that answered.", examples=["rmt-hyperpartisan:1"])
-    label: str | None = Field(description="Most probable label (null before any text).", examples=["hyperpartisan"])
+class ClassifyResult(BaseModel):
+    label: str | None = Field(description="Most probable label; null before the first complete segment (or for "
+                              "a document without tokens).", examples=["hyperpartisan"])
     probabilities: dict[str, float] = Field(
-        description="Label -> probability.", examples=[{"hyperpartisan": 0.91, "mainstream": 0.09}]
+        description="Label -> probability (empty while `label` is null).",
+        examples=[{"hyperpartisan": 0.91, "mainstream": 0.09}],
     )
     segments: int = Field(description="Segments the model read.", examples=[3])
     tokens: int = Field(description="Tokens read so far.", examples=[1200])
 
 
+class ClassifyResponse(ClassifyResult):
+    model: str = Field(description="`name:version` that answered.", examples=["rmt-hyperpartisan:1"])
+
+
 class SummarizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(description="The document to summarize.", examples=["Shares in ... rose 5% on Monday ..."])
-    model: str | None = Field(None, description="Model name or `name:version`.", examples=["srformer-news"])
-    stream: bool = Field(False, description="Send the summary as Server-Sent Events, token by token.")
-    max_length: int | None = Field(None, ge=1, le=1024, description="Most summary tokens; default: the model's.")
-    beam_size: int | None = Field(None, ge=1, le=8, description="Beam width; 1 is greedy. Default: the model's.")
+    text: str = Field(
+        description="The document to summarize (the model reads its first `max_source` tokens, see `GET /models`). "
+        "Text without any token (empty) gives an empty summary.",
+        examples=["Shares in the bank rose 5% on Monday after it reported a rise in profits ..."],
+    )
+    model: str | None = Field(None, description="Model name or `name:version`; default: the task's default.",
+                              examples=["srformer-news"])
+    stream: StrictBool = Field(False, description=STREAM_DESCRIPTION, examples=[False])
+    max_length: MaxLength | None = Field(None, description=MAX_LENGTH_DESCRIPTION, examples=[60])
+    beam_size: BeamSize | None = Field(None, description=BEAM_SIZE_DESCRIPTION, examples=[1])
 
 
-class SummarizeResponse(BaseModel):
-    model: str = Field(description="`name:version` that answered.", examples=["srformer-news:1"])
-    summary: str = Field(description="The summary.", examples=["Shares in ... rose 5%."])
+class SummaryResult(BaseModel):
+    summary: str = Field(description="The summary (detokenized text).", examples=["Shares in the bank rose 5%."])
     tokens: int = Field(description="Document tokens read.", examples=[512])
     summary_tokens: int = Field(description="Tokens generated.", examples=[64])
 
 
+class SummarizeResponse(SummaryResult):
+    model: str = Field(description="`name:version` that answered.", examples=["srformer-news:1"])
+
+
 class ForecastRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    rows: list[list[float]] = Field(
-        description="Observations, oldest first, one row per time step, one value per variable in the model's "
-        "order (see GET /models). At least the model's look-back of rows.",
+    rows: Rows = Field(
+        min_length=1,
+        description="Observations, oldest first, one row per time step, one JSON number per variable in the "
+        "model's order (see `GET /models`). Fewer rows than the model's look-back: `forecast` is null and "
+        "`rows_needed` says how many more.",
         examples=[EXAMPLE_ROWS],
     )
-    model: str | None = Field(None, description="Model name or `name:version`.", examples=["rsa-etth1-h24"])
+    model: str | None = Field(None, description="Model name or `name:version`; default: the task's default.",
+                              examples=["rsa-etth1-h24"])
 
 
-class ForecastResponse(BaseModel):
-    model: str = Field(description="`name:version` that answered.", examples=["rsa-etth1-h24:1"])
+class ForecastResult(BaseModel):
     forecast: list[list[float]] | None = Field(
         description="The next `horizon` rows x variables (null until `rows_needed` is 0).", examples=[EXAMPLE_ROWS]
     )
     horizon: int = Field(description="Rows forecast.", examples=[24])
-    variables: list[str] = Field(description="Column order.", examples=[["HUFL", "HULL", "MUFL", "MULL", "LUFL",
-                                                                         "LULL", "OT"]])
+    variables: list[str] = Field(description="Column order.", examples=[VARIABLES])
     rows_seen: int = Field(description="Rows read so far.", examples=[96])
     rows_needed: int = Field(description="Rows still missing before a forecast is possible.", examples=[0])
 
 
+class ForecastResponse(ForecastResult):
+    model: str = Field(description="`name:version` that answered.", examples=["rsa-etth1-h24:1"])
+
+
+# ---- sessions ------------------------------------------------------------------------------------------
+
+
 class SessionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    task: Task | None = Field(None, description="Task; its default model is used unless `model` is given.",
-                              examples=["classify"])
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["task"], "properties": {"task": {"type": "string"}}},
+        {"required": ["model"], "properties": {"model": {"type": "string"}}},
+    ]})
+    task: Task | None = Field(None, description="Task; its default model is used unless `model` is given. Name a "
+                              "`task`, a `model`, or both.", examples=["classify"])
     model: str | None = MODEL_FIELD
 
 
 class SessionInfo(BaseModel):
-    id: str = Field(description="Session id (random, 192 bits).", examples=["0nJx3...Q"])
+    id: str = Field(description="Session id (random, 192 bits): the `{session_id}` of the other session routes.",
+                    examples=["0nJx3kq7VdW2c9aYbR5mTfLs8HhPzE1u"])
     model: str = Field(description="`name:version` bound to the session.", examples=["rmt-hyperpartisan:1"])
     task: Task = Field(description="The model's task.", examples=["classify"])
     seq: int = Field(description="Pieces applied so far; send `seq + 1` next.", examples=[0])
@@ -88,52 +184,103 @@ class SessionInfo(BaseModel):
     state_bytes: int = Field(description="Bytes of state stored in Redis.", examples=[6144])
     status: Literal["open", "finished"] = Field(description="`finished` after /finish.", examples=["open"])
     created_at: float = Field(description="Unix time of creation.", examples=[1795000000.0])
-    expires_at: float = Field(description="Unix time it expires if idle.", examples=[1795001800.0])
+    expires_at: float = Field(
+        description="Unix time (whole seconds) it expires if idle; every request on the session moves it to "
+        "`RTSERVE_SESSION_TTL_SECONDS` from then, never past the session's maximum lifetime.",
+        examples=[1795001800.0],
+    )
 
 
-class SegmentRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    seq: int = Field(ge=1, description="1 for the first piece, +1 per piece. A retry repeats the number.",
-                     examples=[1])
-    text: str | None = Field(None, description="Next piece of text (classify, summarize); may split words.",
-                             examples=["The senator said "])
-    rows: list[list[float]] | None = Field(None, description="Next rows (forecast).", examples=[EXAMPLE_ROWS])
+class TextPiece(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="TextPiece")
+    seq: Seq = Field(description="1 for the first piece, +1 per piece. A retry repeats the number "
+                           "(and the content): it is answered from the stored result, never applied twice.",
+                           examples=[1])
+    text: str = Field(description="Next piece of text (classify and summarize sessions); pieces may split words.",
+                      examples=["The senator said on Mon"])
+
+
+class RowsPiece(BaseModel):
+    model_config = ConfigDict(extra="forbid", title="RowsPiece")
+    seq: Seq = Field(description="1 for the first piece, +1 per piece. A retry repeats the number "
+                           "(and the content): it is answered from the stored result, never applied twice.",
+                           examples=[1])
+    rows: Rows = Field(min_length=1, description="Next rows (forecast sessions), one JSON number per variable.",
+                       examples=[EXAMPLE_ROWS])
+
+
+SegmentRequest = Annotated[TextPiece | RowsPiece, Field(description="`seq` and either `text` or `rows`.")]
+
+
+class SummarizeProgress(BaseModel):
+    """A summarize session's running result: what the encoder has read (the summary comes at finish)."""
+
+    tokens: int = Field(description="Document tokens read so far.", examples=[700])
+    encoded_tokens: int = Field(description="Tokens the encoder has already turned into memory.", examples=[510])
+    windows: int = Field(description="Encoder windows closed.", examples=[1])
 
 
 class SegmentResponse(BaseModel):
-    session: SessionInfo
+    session: SessionInfo = Field(description="The session after this piece.")
     replayed: bool = Field(description="True when this `seq` was already applied and the stored result is "
                                        "returned.", examples=[False])
-    result: dict[str, Any] = Field(
-        description="The running result: class probabilities (classify), forecast (forecast), what has been "
-        "consumed (summarize).",
-        examples=[{"label": "mainstream", "probabilities": {"hyperpartisan": 0.2, "mainstream": 0.8}}],
+    result: ClassifyResult | ForecastResult | SummarizeProgress | SummaryResult = Field(
+        description="The running result after this piece: label probabilities (classify), the forecast "
+        "(forecast), what has been read (summarize). A retry of the last `seq` after finish returns the final "
+        "result (for summaries: the summary).",
+        examples=[{"label": "mainstream", "probabilities": {"hyperpartisan": 0.2, "mainstream": 0.8},
+                   "segments": 1, "tokens": 130}],
     )
 
 
 class FinishRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    stream: bool = Field(False, description="Summaries: send tokens as Server-Sent Events.")
-    max_length: int | None = Field(None, ge=1, le=1024, description="Summaries: most tokens; default: the model's.")
-    beam_size: int | None = Field(None, ge=1, le=8, description="Summaries: beam width; default: the model's.")
+    stream: StrictBool = Field(False, description="Summaries only. " + STREAM_DESCRIPTION + " On a session "
+                               "already finished the stored summary is sent again, as one `token` event.",
+                               examples=[False])
+    max_length: MaxLength | None = Field(None, description="Summaries only. " + MAX_LENGTH_DESCRIPTION,
+                                         examples=[60])
+    beam_size: BeamSize | None = Field(None, description="Summaries only. " + BEAM_SIZE_DESCRIPTION,
+                                        examples=[1])
 
 
-class FinishResponse(BaseModel):
-    session: SessionInfo
-    result: dict[str, Any] = Field(description="The final result, shaped like the one-shot endpoint's answer.",
-                                   examples=[{"summary": "Shares rose."}])
+SESSION_AFTER = Field(description="The session after finishing (`status` finished).")
 
 
-class ErrorBody(BaseModel):
-    detail: str = Field(description="What went wrong and what to change.", examples=["piece 3 is out of order"])
-    expected_seq: int | None = Field(None, description="For 409 on sessions: the seq to send next.", examples=[2])
+class ClassifyFinish(ClassifyResponse):
+    session: SessionInfo = SESSION_AFTER
+
+
+class SummarizeFinish(SummarizeResponse):
+    session: SessionInfo = SESSION_AFTER
+
+
+class ForecastFinish(ForecastResponse):
+    session: SessionInfo = SESSION_AFTER
+
+
+FinishResponse = ClassifyFinish | SummarizeFinish | ForecastFinish
+
+
+# ---- Server-Sent Events (summaries) -------------------------------------------------------------------
+
+
+class TokenEvent(BaseModel):
+    """`event: token` — the next piece of summary text; concatenated, the pieces are the summary."""
+
+    text: str = Field(description="Text to append (whole words, with their leading space).", examples=[" shares"])
+
+
+# ---- models --------------------------------------------------------------------------------------------
 
 
 class ModelInfo(BaseModel):
-    name: str = Field(examples=["rsa-etth1-h24"])
-    version: str = Field(examples=["1"])
-    task: Task = Field(examples=["forecast"])
-    family: str = Field(examples=["rsa"])
+    name: str = Field(description="Model name, as requests name it.", examples=["rsa-etth1-h24"])
+    version: str = Field(description="Version (the repository folder under the name).", examples=["1"])
+    task: Task = Field(description="What it does.", examples=["forecast"])
+    family: str = Field(description="Model family: rmt, srformer, rsa, rtransformer, ...", examples=["rsa"])
+    default: bool = Field(description="True for the model that answers the task when a request names no model.",
+                          examples=[True])
     backend: str = Field(description="onnx, torchscript or torch.", examples=["onnx"])
     device: str = Field(description="Where the model runs: cpu or cuda:N.", examples=["cpu"])
     precision: str = Field(description="fp32, fp16 or bf16.", examples=["fp32"])
@@ -143,4 +290,9 @@ class ModelInfo(BaseModel):
         examples=[["CPUExecutionProvider"]],
     )
     max_batch_size: int = Field(description="Largest batch the batcher forms for this model.", examples=[32])
-    manifest: dict[str, Any] = Field(description="The entry's manifest.json.")
+    manifest: dict[str, Any] = Field(
+        description="The entry's manifest.json: settings (segment length, look-back, labels, ... and `metrics`: the "
+        "model's measured test scores), graphs, state spec.",
+        examples=[{"task": "forecast", "family": "rsa", "settings": {"lookback": 96, "horizon": 24, "metrics": {
+            "test": {"mse": 0.296, "mae": 0.346}}}}],
+    )

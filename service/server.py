@@ -1,7 +1,8 @@
 """Run the service under uvicorn, with graceful shutdown on SIGINT/SIGTERM.
 
 uvloop and httptools (C implementations of the event loop and the HTTP parser) are required
-dependencies; the per-request access log is off unless ``RTSERVE_ACCESS_LOG`` is set.
+dependencies; the per-request access log (the service's own: route templates, request ids) is off unless
+``RTSERVE_ACCESS_LOG`` is set; ``RTSERVE_LOG_FORMAT=json`` makes every line a JSON object.
 
 No connection is held for a slow or silent client: uvicorn closes idle keep-alive connections
 (``RTSERVE_KEEP_ALIVE_TIMEOUT_SECONDS``), :class:`HeaderTimeoutProtocol` closes a connection whose
@@ -12,13 +13,13 @@ the connection), and the body middleware answers 408 to a body slower than that.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.app import create_app
+from service.logs import configure_logging, uvicorn_log_config
 from service.settings import Settings
 
 
@@ -80,13 +81,14 @@ def run(host: str | None = None, port: int | None = None) -> None:
     overrides = {key: value for key, value in {"host": host, "port": port}.items() if value is not None}
     if overrides:
         settings = settings.model_copy(update=overrides)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=settings.access_log,
+        log_config=uvicorn_log_config(),  # ours: request ids, text or JSON
+        access_log=False,  # the service writes its own (route templates, request ids): RTSERVE_ACCESS_LOG
         loop="uvloop",
         http=protocol_for(settings),
         timeout_keep_alive=settings.keep_alive_timeout_seconds,  # type: ignore[arg-type]  (call_later takes float)

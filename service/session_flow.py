@@ -38,6 +38,13 @@ class Applied:
     replayed: bool  # True when this was a retry answered from the stored result
 
 
+@dataclass
+class Finishing:
+    meta: SessionMeta  # after finishing (for a stream: once its tokens are all out)
+    finished: Finished
+    replayed: bool = False  # the session was already finished: its stored result
+
+
 class SessionFlow:
     def __init__(self, sessions: SessionStore, registry: ModelRegistry, metrics: ServiceMetrics) -> None:
         self.sessions = sessions
@@ -104,9 +111,9 @@ class SessionFlow:
     def _check_sequence(
         self, meta: SessionMeta, seq: int, digest: str, last_result: dict[str, Any] | None
     ) -> Applied | None:
-        if meta.status == "finished":
+        if meta.status == "finished" and not (seq == meta.seq and seq > 0 and digest == meta.piece_sha):
             raise SessionFinished(f"session {meta.id} is finished; start a new session")
-        if seq == meta.seq and seq > 0:
+        if seq == meta.seq and seq > 0:  # a retry; after finish its stored result is the final one
             if digest != meta.piece_sha:
                 raise SequenceConflict(
                     f"piece {seq} was already applied with different content; send piece {meta.seq + 1} next",
@@ -127,22 +134,26 @@ class SessionFlow:
 
     async def finish(
         self, session_id: str, owner: str, stream: bool = False, options: dict[str, Any] | None = None
-    ) -> tuple[SessionMeta, Finished]:
-        """The final result; with ``stream`` the returned meta is from before finishing (it is stored after)."""
+    ) -> Finishing:
+        """The final result. On a finished session: the stored one again (``replayed``). With ``stream`` the
+        tokens are in ``finished.tokens`` and ``meta`` is the one after finishing once they are all out."""
         meta, state, last_result, chunks = await self.sessions.snapshot(session_id, owner, with_chunks=True)
         if meta.status == "finished":
-            return meta, Finished(last_result or {})
+            return Finishing(meta, Finished(last_result or {}), replayed=True)
         model = self.model_of(meta)
         finished = await model.pipeline.finish(state, chunks, last_result, stream=stream, options=options)
+        self.metrics.segments.labels(model=model.ref).inc(finished.segments)
         if finished.tokens is None:
-            return await self._store_final(meta, finished.result), finished
-        return meta, Finished(finished.result, self._store_after_stream(meta, finished))
+            return Finishing(await self._store_final(meta, finished.result), finished)
+        finishing = Finishing(meta, finished)
+        finished.tokens = self._store_after_stream(finishing, finished.tokens)
+        return finishing
 
-    async def _store_after_stream(self, meta: SessionMeta, finished: Finished) -> AsyncIterator[str]:
-        assert finished.tokens is not None
-        async for token in finished.tokens:
+    async def _store_after_stream(self, finishing: Finishing, tokens: AsyncIterator[str]) -> AsyncIterator[str]:
+        async for token in tokens:
             yield token
-        await self._store_final(meta, finished.result)  # the pipeline fills result as it streams
+        # the pipeline fills the result as it streams
+        finishing.meta = await self._store_final(finishing.meta, finishing.finished.result)
 
     async def _store_final(self, meta: SessionMeta, result: dict[str, Any]) -> SessionMeta:
         outcome, fresh = await self.sessions.finish(meta, result)

@@ -110,7 +110,7 @@ local locked = 0
 if meta['owner'] == ARGV[2] and meta['status'] ~= 'finished' and tonumber(ARGV[1]) == tonumber(meta['seq']) + 1 then
   if redis.call('SET', KEYS[4], ARGV[3], 'NX', 'PX', ARGV[4]) then locked = 1 end
 end
-return {fields, redis.call('TTL', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3]), locked}
+return {fields, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3]), locked}
 """
 
 COMMIT_SCRIPT = """
@@ -138,7 +138,7 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 redis.call('EXPIRE', KEYS[4], ARGV[5])
 unlock()
-return {1, redis.call('HGETALL', KEYS[1]), redis.call('TTL', KEYS[1])}
+return {1, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
 
 FINISH_SCRIPT = """
@@ -155,7 +155,7 @@ if redis.call('HGET', KEYS[1], 'status') ~= 'finished' then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   outcome = 1
 end
-return {outcome, redis.call('HGETALL', KEYS[1]), redis.call('TTL', KEYS[1])}
+return {outcome, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
 
 RELEASE_SCRIPT = """
@@ -202,11 +202,11 @@ class SessionMeta:
     state_bytes: int  # bounded state + appended chunks
     piece_sha: str
     status: str
-    ttl_seconds: int  # remaining
+    ttl_seconds: float  # remaining (from PTTL: to the millisecond, so expires_at is the same on every read)
 
     @classmethod
-    def from_hash(cls, session_id: str, fields: Mapping[bytes, bytes] | list[bytes], ttl: int) -> SessionMeta:
-        """From HGETALL's answer: a mapping (redis-py) or the flat list a Lua script returns."""
+    def from_hash(cls, session_id: str, fields: Mapping[bytes, bytes] | list[bytes], ttl_ms: int) -> SessionMeta:
+        """From HGETALL's answer (a mapping (redis-py) or the flat list a Lua script returns) and PTTL's."""
         pairs = fields.items() if isinstance(fields, Mapping) else zip(fields[::2], fields[1::2], strict=True)
         f = {key.decode(): value.decode() for key, value in pairs}
         return cls(
@@ -215,12 +215,12 @@ class SessionMeta:
             created=float(f["created"]), deadline=float(f["deadline"]), consumed=int(f["consumed"]),
             segments=int(f["segments"]), state_bytes=int(f["state_bytes"]) + int(f.get("chunk_bytes", 0)),
             piece_sha=f.get("piece_sha", ""),
-            status=f.get("status", "open"), ttl_seconds=max(ttl, 0),
+            status=f.get("status", "open"), ttl_seconds=max(int(ttl_ms), 0) / 1000,
         )
 
     @property
     def expires_at(self) -> float:
-        return time.time() + self.ttl_seconds
+        return round(time.time() + self.ttl_seconds, 3)
 
 
 def owner_of(api_key: str | None) -> str:
@@ -300,7 +300,7 @@ class SessionStore:
             await self._forget(session_id, quota, model)
             raise
         return SessionMeta.from_hash(
-            session_id, {k.encode(): str(v).encode() for k, v in fields.items()}, ttl
+            session_id, {k.encode(): str(v).encode() for k, v in fields.items()}, ttl * 1000
         )
 
     async def _forget(self, session_id: str, quota: str, model: str) -> None:
@@ -317,7 +317,7 @@ class SessionStore:
         keys = self._keys(session_id)
         with self.store.unavailable_as_error(), self.metrics.time_redis("meta"):
             async with self.redis.pipeline(transaction=True) as pipe:
-                fields, ttl = await pipe.hgetall(keys["meta"]).ttl(keys["meta"]).execute()
+                fields, ttl = await pipe.hgetall(keys["meta"]).pttl(keys["meta"]).execute()
         if not fields:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         meta = SessionMeta.from_hash(session_id, fields, ttl)
@@ -347,7 +347,7 @@ class SessionStore:
         keys = self._keys(session_id)
         with self.store.unavailable_as_error(), self.metrics.time_redis("snapshot"):
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hgetall(keys["meta"]).ttl(keys["meta"]).get(keys["state"]).get(keys["result"])
+                pipe.hgetall(keys["meta"]).pttl(keys["meta"]).get(keys["state"]).get(keys["result"])
                 if with_chunks:
                     pipe.lrange(keys["chunks"], 0, -1)
                 fields, ttl, blob, result, *chunks = await pipe.execute()

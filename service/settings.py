@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -118,9 +118,24 @@ class Settings(BaseSettings):
     )
     shutdown_timeout_seconds: float = Field(10.0, ge=0, description="Grace period for in-flight requests.")
     log_level: str = Field("info", description="uvicorn / service log level.")
-    access_log: bool = Field(False, description="Log one line per HTTP request (uvicorn's access log).")
+    access_log: bool = Field(
+        False, description="Log one line per HTTP request: method, route template (never the path: no session ids), "
+        "status, duration, request id.",
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="`text` lines, or `json`: one object per line with `request_id` on every line.",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins a browser may call the API from (JSON list or comma-separated; `*` for any). Empty: "
+        "no CORS headers (browsers on other origins are refused).",
+    )
+    gzip_minimum_bytes: int = Field(
+        1000, ge=0, description="Answers larger than this are gzip-compressed for clients that accept it (never "
+        "Server-Sent Events). 0 turns compression off.",
+    )
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
     def _split_api_keys(cls, value: object) -> object:
         if isinstance(value, str):

@@ -1,24 +1,91 @@
-"""Server-Sent Events for summaries: one `token` event per generated piece, then `done` with the result."""
+"""Server-Sent Events for summaries: `token` events with the text as it is generated, then `done` with the answer.
+
+The OpenAPI declaration (:func:`sse_content`) names the events the way OpenAPI 3.2 describes sequential media
+types: ``itemSchema`` is the schema of one event (``event`` and ``data``, the data being JSON text whose schema is
+``contentSchema``).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import Request
+from pydantic import BaseModel
 
-from service.runtime.pipeline import Finished
+from service.metrics import ServiceMetrics
 
 
 def wants_event_stream(request: Request, stream_flag: bool) -> bool:
     return stream_flag or "text/event-stream" in request.headers.get("accept", "")
 
 
-async def summary_events(finished: Finished, model: str | None = None) -> AsyncIterator[dict[str, str]]:
-    assert finished.tokens is not None
-    async for token in finished.tokens:
+def sse_content(done_schema: str) -> dict[str, Any]:
+    """The ``text/event-stream`` media type of a 200 answer whose `done` event carries ``done_schema``."""
+
+    def event(name: str, schema: str, description: str) -> dict[str, Any]:
+        return {
+            "type": "object", "description": description, "required": ["event", "data"],
+            "properties": {
+                "event": {"const": name},
+                "data": {"type": "string", "contentMediaType": "application/json",
+                         "contentSchema": {"$ref": f"#/components/schemas/{schema}"}},
+            },
+        }
+
+    one_event = {"oneOf": [
+        event("token", "TokenEvent", "The next piece of summary text."),
+        event("done", done_schema, "The whole answer, as the JSON answer would hold it; the last event."),
+    ]}
+    return {
+        "text/event-stream": {
+            # OpenAPI 3.2: `schema` is the whole stream (its events, in order), `itemSchema` one event
+            "schema": {"type": "array", "items": one_event,
+                       "description": "Server-Sent Events: `token` events, then one `done`."},
+            "itemSchema": one_event,
+            "example": 'event: token\r\ndata: {"text": "Shares"}\r\n\r\nevent: token\r\ndata: {"text": " in the bank '
+                       'rose 5%."}\r\n\r\nevent: done\r\ndata: {"summary": "Shares in the bank rose 5%.", ...}\r\n\r\n',
+        }
+    }
+
+
+class GenerationMeter:
+    """Time to first token and tokens generated, for one summary (streamed or not)."""
+
+    def __init__(self, metrics: ServiceMetrics, model: str, stream: bool, started: float | None = None) -> None:
+        self.metrics, self.model, self.stream = metrics, model, "true" if stream else "false"
+        self.started = time.perf_counter() if started is None else started
+        self.first_seen = False
+
+    def first_token(self) -> None:
+        if not self.first_seen:
+            self.first_seen = True
+            self.metrics.time_to_first_token.labels(model=self.model, stream=self.stream).observe(
+                time.perf_counter() - self.started)
+
+    def done(self, summary_tokens: int) -> None:
+        if summary_tokens > 0:
+            self.first_token()  # a JSON answer: its first token reaches the client with the whole answer
+        self.metrics.generated_tokens.labels(model=self.model).inc(summary_tokens)
+
+
+async def summary_events(
+    tokens: AsyncIterator[str], done: Callable[[], Awaitable[BaseModel]], meter: GenerationMeter | None = None,
+) -> AsyncIterator[dict[str, str]]:
+    """`token` events from ``tokens``, then `done` with the answer ``done()`` builds once they are all out."""
+    async for token in tokens:
+        if meter is not None:
+            meter.first_token()
         yield {"event": "token", "data": json.dumps({"text": token})}
-    result = dict(finished.result)
-    if model is not None:
-        result["model"] = model
-    yield {"event": "done", "data": json.dumps(result)}
+    answer = await done()
+    if meter is not None:
+        meter.done(int(getattr(answer, "summary_tokens", 0)))
+    yield {"event": "done", "data": answer.model_dump_json()}
+
+
+async def replay_tokens(summary: str) -> AsyncIterator[str]:
+    """A stored summary sent again: one `token` event."""
+    if summary:
+        yield summary

@@ -27,6 +27,7 @@ def test_locust_drives_one_shot_and_session_traffic_without_failures(forecast_re
              "--headless", "-u", "4", "-r", "4", "-t", "4s", "--csv", str(tmp_path / "stats"), "--only-summary",
              "--exit-code-on-error", "1"],
             capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},  # the locustfile imports this checkout's rtserve.client
         )
     finally:
         server.terminate()

@@ -60,7 +60,7 @@ def test_stream_in_random_text_pieces_equals_whole(client):
         response = client.post(f"/sessions/{session['id']}/segments", json={"seq": seq, "text": "".join(piece)})
         assert response.status_code == 200, response.text
         running.append(response.json()["result"])
-    final = client.post(f"/sessions/{session['id']}/finish").json()["result"]
+    final = client.post(f"/sessions/{session['id']}/finish").json()
     assert final["segments"] == whole["segments"] and final["tokens"] == whole["tokens"]
     for label, probability in whole["probabilities"].items():
         assert abs(final["probabilities"][label] - probability) <= 1e-5
@@ -80,9 +80,13 @@ def test_session_state_stays_bounded_as_the_document_grows(client):
     assert max(sizes) == min(sizes), sizes
 
 
-def test_empty_and_oversized_text_are_refused(client, repository, redis_url, key_prefix):
-    assert client.post("/classify", json={"text": ""}).status_code == 422
-    assert client.post("/classify", json={"text": 5}).status_code == 422
+def test_empty_text_has_no_label_and_oversized_or_non_string_text_is_refused(client, repository, redis_url,
+                                                                                key_prefix):
+    empty = client.post("/classify", json={"text": ""})  # the schema allows it: the answer says "nothing read"
+    assert empty.status_code == 200 and empty.json()["label"] is None and empty.json()["segments"] == 0
+    wrong = client.post("/classify", json={"text": 5})
+    assert wrong.status_code == 422 and isinstance(wrong.json()["detail"], str)
+    assert wrong.json()["errors"][0]["loc"] == ["body", "text"] and wrong.json()["request_id"]
     with make_client(repository[0], redis_url, key_prefix, max_text_chars=100) as small:
         response = small.post("/classify", json={"text": "word " * 50})
         assert response.status_code == 422 and "limit is 100" in response.json()["detail"]

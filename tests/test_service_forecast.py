@@ -45,9 +45,13 @@ def test_forecast_matches_the_eager_model(client, repository):
     np.testing.assert_allclose(body["forecast"], eager_forecast(repository[1], rows), atol=1e-4)
 
 
-def test_forecast_refuses_short_or_ragged_series_with_422(client):
+def test_short_series_says_rows_needed_and_ragged_or_empty_series_are_refused(client):
     short = client.post("/forecast", json={"rows": series(np.random.default_rng(), LOOKBACK - 1)})
-    assert short.status_code == 422 and f"{LOOKBACK} rows" in short.json()["detail"]
+    assert short.status_code == 200, short.text
+    assert short.json()["forecast"] is None and short.json()["rows_needed"] == 1
+    for wrong in ([[1.0] * 6 + ["2.5"]], [[1.0] * 6 + [True]]):  # numbers only: no strings, no booleans
+        refused = client.post("/forecast", json={"rows": wrong})
+        assert refused.status_code == 422 and refused.json()["errors"][0]["loc"][:4] == ["body", "rows", 0, 6]
     ragged = client.post("/forecast", json={"rows": [[1.0] * 7, [1.0] * 6]})
     assert ragged.status_code == 422 and "row 1 has 6 values" in ragged.json()["detail"]
     assert client.post("/forecast", json={"rows": []}).status_code == 422
@@ -74,20 +78,19 @@ def test_stream_equals_whole_for_forecasts(client):
         response = client.post(f"/sessions/{session['id']}/segments", json={"seq": seq, "rows": piece})
         assert response.status_code == 200, response.text
     final = client.post(f"/sessions/{session['id']}/finish").json()
-    np.testing.assert_allclose(final["result"]["forecast"], whole, atol=1e-5)
+    np.testing.assert_allclose(final["forecast"], whole, atol=1e-5)
     status = client.get(f"/sessions/{session['id']}").json()
     assert status["consumed"] == 120 and status["status"] == "finished"
     assert status["state_bytes"] < 4 * LOOKBACK * len(VARIABLES) + 512  # bounded by the look-back
 
 
-def test_a_forecast_session_finished_before_its_look_back_is_422_until_the_rows_arrive(client):
+def test_a_forecast_session_finished_before_its_look_back_says_how_many_rows_it_needs(client):
     session = _open(client)
     url = f"/sessions/{session['id']}"
     assert client.post(f"{url}/segments", json={"seq": 1, "rows": [[0.0] * 7] * (LOOKBACK - 1)}).status_code == 200
     early = client.post(f"{url}/finish")
-    assert early.status_code == 422 and client.get(url).json()["status"] == "open"
-    assert client.post(f"{url}/segments", json={"seq": 2, "rows": [[0.0] * 7]}).status_code == 200
-    assert client.post(f"{url}/finish").status_code == 200
+    assert early.status_code == 200 and early.json()["forecast"] is None
+    assert early.json()["rows_needed"] == 1 and early.json()["session"]["status"] == "finished"
 
 
 def test_a_forecast_body_over_max_body_bytes_is_413(repository, redis_url, key_prefix):

@@ -52,5 +52,5 @@ def test_three_thousand_word_article_streamed_in_pieces_equals_the_whole(client)
         assert response.status_code == 200, response.text
     final = client.post(f"{url}/finish", json={"max_length": 30})
     assert final.status_code == 200, final.text
-    assert final.json()["result"]["summary"] == whole.json()["summary"]
+    assert final.json()["summary"] == whole.json()["summary"]
     assert client.get(url).json()["consumed"] == whole.json()["tokens"]

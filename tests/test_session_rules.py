@@ -43,11 +43,11 @@ def test_any_replica_sharing_redis_continues_a_session_with_the_same_result(repo
             replica = first if seq % 2 else second
             response = replica.post(f"/sessions/{session['id']}/segments", json={"seq": seq, "rows": piece})
             assert response.status_code == 200, response.text
-        alternated = second.post(f"/sessions/{session['id']}/finish").json()["result"]["forecast"]
+        alternated = second.post(f"/sessions/{session['id']}/finish").json()["forecast"]
         single = _open(first)
         for seq, piece in enumerate(pieces, start=1):
             first.post(f"/sessions/{single['id']}/segments", json={"seq": seq, "rows": piece})
-        alone = first.post(f"/sessions/{single['id']}/finish").json()["result"]["forecast"]
+        alone = first.post(f"/sessions/{single['id']}/finish").json()["forecast"]
     np.testing.assert_allclose(alternated, alone, atol=1e-6)
 
 
@@ -90,7 +90,7 @@ def test_finish_twice_gives_the_same_result_and_a_piece_after_finish_is_409(clie
     first = client.post(f"{url}/finish")
     again = client.post(f"{url}/finish")
     assert first.status_code == again.status_code == 200, again.text
-    assert again.json()["result"] == first.json()["result"] and again.json()["session"]["status"] == "finished"
+    assert again.json()["forecast"] == first.json()["forecast"] and again.json()["session"]["status"] == "finished"
     late = client.post(f"{url}/segments", json={"seq": 2, "rows": rows})
     assert late.status_code == 409 and "is finished" in late.json()["detail"]
     assert client.get(url).json()["seq"] == 1
@@ -100,6 +100,8 @@ def test_a_piece_of_the_wrong_kind_is_422_and_a_deleted_session_is_404(client):
     session = _open(client)
     url = f"/sessions/{session['id']}"
     assert client.post(f"{url}/segments", json={"seq": 1, "text": "hello"}).status_code == 422  # rows expected
+    both = client.post(f"{url}/segments", json={"seq": 1, "text": "hello", "rows": [[0.0] * 7]})
+    assert both.status_code == 422 and both.json()["errors"]  # text or rows, never both
     assert client.get(url).json()["seq"] == 0
     assert client.delete(url).status_code == 204
     assert client.get(url).status_code == 404

@@ -63,16 +63,18 @@ def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, n
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Train a forecaster on ETTh1 (Informer protocol).")
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog=prog,
+        description="Train a forecaster on ETTh1 (Informer protocol).")
     parser.add_argument("family", choices=sorted(FAMILIES))
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV (date column, then variables)")
     parser.add_argument("--horizon", type=int, default=24, help="H, rows to forecast")
     parser.add_argument("--lookback", type=int, default=96, help="L, rows of history")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0, help="random seed (initialisation, data order)")
+    parser.add_argument("--epochs", type=int, default=20, help="passes over the training data")
     parser.add_argument("--patience", type=int, default=5, help="stop after this many epochs without val gain")
     parser.add_argument("--batch-size", type=int, default=128, help="windows per batch (x7 series)")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     parser.add_argument("--weight-decay", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     parser.add_argument("--out", required=True, help="checkpoint folder to write")
@@ -235,7 +237,9 @@ def _fit(
 
 
 def eval_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rtserve eval", description="Score a forecaster checkpoint.")
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
+        description="Score a forecaster checkpoint.")
     parser.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV")
     parser.add_argument("--split", default="test", choices=("train", "val", "test", "all"))

@@ -126,12 +126,14 @@ def predict_cached(
 
 # ---- train ---------------------------------------------------------------------------------
 def train_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rtserve train rmt", description="Train the RMT Hyperpartisan classifier.")
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train rmt",
+        description="Train the RMT Hyperpartisan classifier.")
     parser.add_argument("family", choices=["rmt"])
     parser.add_argument("--data", required=True, type=Path, help="articles.xml, ground-truth.xml, splits.json")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument("--segments", type=int, default=4, help="segments read per article")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed (initialisation, data order)")
     parser.add_argument("--memory-reset", action="store_true", help="baseline: reset the memory at every segment")
     parser.add_argument("--truncate", action="store_true", help="baseline: first segment only (sets --segments 1)")
     parser.add_argument("--memory-size", type=int, default=10)
@@ -139,8 +141,8 @@ def train_main(argv: Sequence[str]) -> int:
     parser.add_argument("--memory-layer", type=int, default=5, help="layers below are frozen and cached")
     parser.add_argument("--bptt", type=int, default=0, help="BPTT unroll in segments (0 = all)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=6, help="passes over the training data")
+    parser.add_argument("--batch-size", type=int, default=8, help="examples per optimizer step")
     parser.add_argument("--lr", type=float, default=1e-4, help="for the trained encoder layers")
     parser.add_argument("--lr-new", type=float, default=1e-3, help="for memory and head")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
@@ -242,7 +244,9 @@ def train_main(argv: Sequence[str]) -> int:
 
 # ---- eval ----------------------------------------------------------------------------------
 def eval_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rtserve eval", description="Score an RMT checkpoint on Hyperpartisan.")
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
+        description="Score an RMT checkpoint on Hyperpartisan.")
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder or model-repository entry")
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"])

@@ -199,7 +199,8 @@ def summarize_examples(model: SRformer, examples: list[Example], tokenizer: obje
 
 # ---- train ---------------------------------------------------------------------------------
 def train_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rtserve train srformer",
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train srformer",
                                      description="Train an SRformer summarizer (BBC News Summary or SumPubMed).")
     parser.add_argument("family", choices=["srformer"])
     parser.add_argument("--data", required=True, type=Path, help="bbc-news-summary or sumpubmed folder")
@@ -211,11 +212,11 @@ def train_main(argv: Sequence[str]) -> int:
                         help="fixed q for the schedule (and 1.25q decode cap) instead of the ratio; 0 = ratio")
     parser.add_argument("--recurrent-gate", action="store_true",
                         help="srformer: O = O_S + g O_R with g learned per head from 0 (Eq. 10)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0, help="random seed (initialisation, data order)")
+    parser.add_argument("--epochs", type=int, default=8, help="passes over the training data")
     parser.add_argument("--time-budget", type=float, default=0, help="minutes; stop after the epoch that passes it")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=16, help="examples per optimizer step")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
@@ -317,7 +318,9 @@ def train_main(argv: Sequence[str]) -> int:
 
 # ---- eval ----------------------------------------------------------------------------------
 def eval_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rtserve eval", description="ROUGE of an SRformer summarizer.")
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
+        description="ROUGE of an SRformer summarizer.")
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"])

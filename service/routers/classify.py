@@ -5,21 +5,28 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from service.auth import OwnerDep
-from service.dependencies import RegistryDep, SettingsDep
-from service.errors import ERROR_RESPONSES, check_text
+from service.dependencies import MetricsDep, RegistryDep, SettingsDep
+from service.errors import BODY, check_text, responses
 from service.runtime.pipeline import run_whole
 from service.schemas import ClassifyRequest, ClassifyResponse
 
 router = APIRouter(tags=["classify"])
 
 
-@router.post("/classify", response_model=ClassifyResponse, responses=ERROR_RESPONSES,
-             summary="Classify a long document, segment by segment")
+@router.post(
+    "/classify", response_model=ClassifyResponse, responses=responses(*BODY, 401, 404),
+    summary="Classify a long document, segment by segment",
+    description="The model reads the document one segment at a time, carrying its memory from segment to "
+    "segment, and answers the label of the last segment's memory. The same answer as streaming the document "
+    "through a classify session and finishing it.",
+)
 async def classify(
-    body: ClassifyRequest, request: Request, registry: RegistryDep, settings: SettingsDep, owner: OwnerDep
+    body: ClassifyRequest, request: Request, registry: RegistryDep, settings: SettingsDep, metrics: MetricsDep,
+    owner: OwnerDep,
 ) -> ClassifyResponse:
     check_text(body.text, settings)  # the input first: a 422 says what to change whatever the model
     model = registry.resolve(body.model, "classify")
     request.state.model = model.ref
-    _, finished = await run_whole(model.pipeline, body.text)
+    consumed, finished = await run_whole(model.pipeline, body.text)
+    metrics.segments.labels(model=model.ref).inc(consumed.segments + finished.segments)
     return ClassifyResponse(model=model.ref, **finished.result)

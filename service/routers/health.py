@@ -32,7 +32,8 @@ class Readiness(BaseModel):
     )
 
 
-@router.get("/healthz", response_model=Health, summary="The process is alive")
+@router.get("/healthz", response_model=Health, summary="The process is alive",
+            description="200 while the process runs (a liveness probe); needs no key, touches nothing.")
 async def healthz() -> Health:
     return Health(status="ok")
 
@@ -41,6 +42,8 @@ async def healthz() -> Health:
     "/readyz",
     response_model=Readiness,
     summary="Redis is reachable and accepts writes, and every model in the repository is loaded",
+    description="A readiness probe: 200 when the service can serve, 503 (with `Retry-After`) and the reason "
+    "otherwise. Needs no key.",
     responses={503: {"model": Readiness, "description": "Not ready: see `redis` and `models_loaded`."}},
 )
 async def readyz(request: Request, response: Response, store: StoreDep) -> Readiness:
@@ -63,7 +66,14 @@ async def readyz(request: Request, response: Response, store: StoreDep) -> Readi
     )
 
 
-@router.get("/metrics", summary="Prometheus metrics (text exposition format)", response_class=Response)
+@router.get(
+    "/metrics", summary="Prometheus metrics (text exposition format)", response_class=Response,
+    description="Every `rtserve_*` family (see the README's Metrics table) and the process collector. Needs no key.",
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"},
+                                                "example": 'rtserve_requests_total{route="/classify",model='
+                                                           '"rmt-hyperpartisan:1",status="200"} 12.0\n'}},
+                     "description": "Prometheus text format."}},
+)
 async def metrics(metrics: MetricsDep, flow: FlowDep) -> Response:
     try:
         await flow.refresh_active_sessions()

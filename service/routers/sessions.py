@@ -2,25 +2,37 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Request, Response
 from sse_starlette import EventSourceResponse
 
 from service.auth import OwnerDep, QuotaDep
-from service.dependencies import FlowDep, RegistryDep, SettingsDep
-from service.errors import ERROR_RESPONSES, check_rows, check_text
+from service.dependencies import FlowDep, MetricsDep, RegistryDep, SettingsDep
+from service.errors import BODY, check_rows, check_text, responses
 from service.runtime.pipeline import InputError
 from service.schemas import (
+    ClassifyFinish,
     FinishRequest,
     FinishResponse,
+    ForecastFinish,
+    RowsPiece,
     SegmentRequest,
     SegmentResponse,
     SessionCreate,
     SessionInfo,
+    SummarizeFinish,
 )
+from service.session_flow import Finishing
 from service.sessions import SessionMeta
-from service.sse import summary_events, wants_event_stream
+from service.sse import GenerationMeter, replay_tokens, sse_content, summary_events, wants_event_stream
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
+
+SessionId = Annotated[str, Path(description="The `id` that `POST /sessions` answered.",
+                                examples=["0nJx3kq7VdW2c9aYbR5mTfLs8HhPzE1u"])]
+FINISH_TYPES = {"classify": ClassifyFinish, "summarize": SummarizeFinish, "forecast": ForecastFinish}
 
 
 def info(meta: SessionMeta) -> SessionInfo:
@@ -31,8 +43,17 @@ def info(meta: SessionMeta) -> SessionInfo:
     )
 
 
-@router.post("", response_model=SessionInfo, status_code=201, responses=ERROR_RESPONSES,
-             summary="Open a session for a task or a model")
+def final_answer(meta: SessionMeta, result: dict[str, Any]) -> ClassifyFinish | SummarizeFinish | ForecastFinish:
+    """The one-shot answer of the session's task, plus the session."""
+    return FINISH_TYPES[meta.task](model=meta.model, session=info(meta), **result)
+
+
+@router.post(
+    "", response_model=SessionInfo, status_code=201, responses=responses(*BODY, 401, 404, 429, 503),
+    summary="Open a session for a task or a model",
+    description="Name a `task` (its default model answers) or a `model`. Then send pieces with "
+    "`POST /sessions/{session_id}/segments` and end with `POST /sessions/{session_id}/finish`.",
+)
 async def create_session(
     body: SessionCreate, request: Request, registry: RegistryDep, flow: FlowDep, owner: OwnerDep, quota: QuotaDep
 ) -> SessionInfo:
@@ -43,40 +64,76 @@ async def create_session(
     return info(await flow.create(model, owner, quota))
 
 
-@router.get("/{session_id}", response_model=SessionInfo, responses=ERROR_RESPONSES, summary="Session status")
-async def session_status(session_id: str, flow: FlowDep, owner: OwnerDep) -> SessionInfo:
-    return info(await flow.status(session_id, owner))
+@router.get("/{session_id}", response_model=SessionInfo, responses=responses(401, 404, 503),
+            summary="Session status", description="Where the session stands; does not move its expiry.")
+async def session_status(session_id: SessionId, request: Request, flow: FlowDep, owner: OwnerDep) -> SessionInfo:
+    meta = await flow.status(session_id, owner)
+    request.state.model = meta.model
+    return info(meta)
 
 
-@router.delete("/{session_id}", status_code=204, responses=ERROR_RESPONSES, summary="Delete a session")
-async def delete_session(session_id: str, flow: FlowDep, owner: OwnerDep) -> Response:
+@router.delete("/{session_id}", status_code=204, responses=responses(401, 404, 503), summary="Delete a session",
+               description="Drops the session's state at once (otherwise it expires when idle).")
+async def delete_session(session_id: SessionId, request: Request, flow: FlowDep, owner: OwnerDep) -> Response:
+    meta = await flow.status(session_id, owner)
+    request.state.model = meta.model
     await flow.delete(session_id, owner)
     return Response(status_code=204)
 
 
-@router.post("/{session_id}/segments", response_model=SegmentResponse, responses=ERROR_RESPONSES,
-             summary="Send the next piece (exactly once per `seq`)")
+@router.post(
+    "/{session_id}/segments", response_model=SegmentResponse, responses=responses(*BODY, 401, 404, 409, 429, 503),
+    summary="Send the next piece (exactly once per `seq`)",
+    description="`seq` is 1 for the first piece and grows by one. A retry of the last applied `seq` with the same "
+    "content is answered from the stored result (`replayed`: true), also after the session was finished; a gap, "
+    "a stale number or other content under an applied number is refused (409, `expected_seq`). Text sessions "
+    "take `text`, forecast sessions `rows`.",
+)
 async def add_segment(
-    session_id: str, body: SegmentRequest, request: Request, flow: FlowDep, settings: SettingsDep, owner: OwnerDep
+    session_id: SessionId, body: Annotated[SegmentRequest, Body()], request: Request, flow: FlowDep,
+    settings: SettingsDep, owner: OwnerDep,
 ) -> SegmentResponse:
-    if body.rows is not None:
-        check_rows(body.rows, settings)
-    if body.text is not None:
-        check_text(body.text, settings)
-    applied = await flow.apply(session_id, owner, body.seq, body.text, body.rows,
+    text = rows = None
+    if isinstance(body, RowsPiece):
+        rows = body.rows
+        check_rows(rows, settings)
+    else:
+        text = body.text
+        check_text(text, settings)
+    applied = await flow.apply(session_id, owner, body.seq, text, rows,
                                note_model=lambda ref: setattr(request.state, "model", ref))
     return SegmentResponse(session=info(applied.meta), replayed=applied.replayed, result=applied.result)
 
 
-@router.post("/{session_id}/finish", response_model=FinishResponse, responses=ERROR_RESPONSES,
-             summary="Finish: the final result (summaries may stream as Server-Sent Events)")
+@router.post(
+    "/{session_id}/finish", response_model=FinishResponse,
+    responses={200: {"content": sse_content("SummarizeFinish"),
+                     "description": "The one-shot answer of the session's task plus `session`; summaries as "
+                     "Server-Sent Events with `stream` (or `Accept: text/event-stream`)."},
+               **responses(*BODY, 401, 404, 409, 503)},
+    summary="Finish: the final result (summaries may stream as Server-Sent Events)",
+    description="Reads the rest of the document and answers exactly what the one-shot endpoint answers for the "
+    "whole document, plus `session`. Finishing again answers the stored result (as events, with `stream`). A "
+    "forecast session with fewer rows than the look-back answers `forecast` null.",
+)
 async def finish_session(
-    session_id: str, request: Request, flow: FlowDep, owner: OwnerDep, body: FinishRequest | None = None
-) -> FinishResponse | EventSourceResponse:
+    session_id: SessionId, request: Request, flow: FlowDep, metrics: MetricsDep, owner: OwnerDep,
+    body: FinishRequest | None = None,
+) -> ClassifyFinish | SummarizeFinish | ForecastFinish | EventSourceResponse:
+    started = time.perf_counter()
     stream = wants_event_stream(request, body.stream if body else False)
     options = {"max_length": body.max_length, "beam_size": body.beam_size} if body else {}
-    meta, finished = await flow.finish(session_id, owner, stream=stream, options=options)
+    finishing: Finishing = await flow.finish(session_id, owner, stream=stream, options=options)
+    meta, finished = finishing.meta, finishing.finished
     request.state.model = meta.model
-    if finished.tokens is not None:
-        return EventSourceResponse(summary_events(finished, meta.model))
-    return FinishResponse(session=info(meta), result=finished.result)
+    if meta.task == "summarize" and stream:
+        meter = None if finishing.replayed else GenerationMeter(metrics, meta.model, True, started)
+
+        async def done() -> SummarizeFinish:
+            return final_answer(finishing.meta, finished.result)  # type: ignore[return-value]
+
+        tokens = finished.tokens if finished.tokens is not None else replay_tokens(finished.result.get("summary", ""))
+        return EventSourceResponse(summary_events(tokens, done, meter))
+    if meta.task == "summarize" and not finishing.replayed:
+        GenerationMeter(metrics, meta.model, False, started).done(int(finished.result.get("summary_tokens", 0)))
+    return final_answer(meta, finished.result)

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from models.classifier_stream import ClassifierStream
 from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
-from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, Finished, load_initial_state
 
 
 class ClassifyPipeline:
@@ -53,9 +53,8 @@ class ClassifyPipeline:
     ) -> Finished:
         cut_state, segments = self.stream.flush(state)
         new_state = await self._run(cut_state, segments)
-        if int(new_state["segments_done"][0]) == 0:
-            raise InputError("the document has no text to classify")
-        return Finished(self.stream.result(new_state))
+        # a document without a single token: label null, no probabilities (the schema's own "no text yet")
+        return Finished(self.stream.result(new_state), segments=len(segments))
 
     async def _run(self, state: dict[str, np.ndarray], segments: list) -> dict[str, np.ndarray]:
         for segment in segments:  # in order: each segment reads the memory the previous one wrote

@@ -56,10 +56,13 @@ class ForecastPipeline:
         self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
         stream: bool = False, options: Mapping[str, Any] | None = None,
     ) -> Finished:
-        """The forecast after the last piece: every step already produced it, nothing to recompute."""
-        rows_seen = int(state["rows_seen"][0])
-        if last_result is None or last_result.get("forecast") is None:
-            raise InputError(f"the model needs {self.lookback} rows of history to forecast; it has seen {rows_seen}")
+        """The forecast after the last piece: every step already produced it, nothing to recompute. With fewer
+        rows than the look-back it is null and ``rows_needed`` says how many more (not an error: the schema
+        allows any number of rows, and the answer says what is missing)."""
+        if last_result is None:  # a session finished before any rows
+            rows_seen = int(state["rows_seen"][0])
+            return Finished({"forecast": None, "horizon": self.horizon, "variables": self.variables,
+                             "rows_seen": rows_seen, "rows_needed": max(0, self.lookback - rows_seen)})
         return Finished(dict(last_result))
 
     def _result(self, out: Mapping[str, np.ndarray]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ class Consumed:
 class Finished:
     result: dict[str, Any]
     tokens: AsyncIterator[str] | None = field(default=None)  # summaries can stream token by token
+    segments: int = 0  # graph steps the finish applied (the tail of the document)
 
 
 class Pipeline(Protocol):

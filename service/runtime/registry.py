@@ -192,13 +192,25 @@ class ModelRegistry:
             raise UnknownModel(f"no loaded model serves {task!r}; loaded models: {sorted(self.models)}")
         return candidates[0].split(":", 1)[0]
 
+    def default_refs(self) -> set[str]:
+        """``name:version`` of the model that answers each task when a request names none."""
+        defaults = set()
+        for task in sorted({m.task for m in self.models.values()}):
+            try:
+                defaults.add(self.resolve(None, task).ref)
+            except UnknownModel:  # a configured default that is not loaded: no model is marked for the task
+                pass
+        return defaults
+
     def describe(self) -> list[Mapping[str, Any]]:
+        defaults = self.default_refs()
         return [
             {
                 "name": m.name,
                 "version": m.version,
                 "task": m.task,
                 "family": m.manifest["family"],
+                "default": m.ref in defaults,
                 "backend": m.backend,
                 "device": m.device,
                 "precision": m.precision,

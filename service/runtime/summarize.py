@@ -19,7 +19,8 @@ from models.decoding import BeamSearch, GreedySearch, Search, TokenCallback
 from models.summary_stream import SummaryStream
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
-from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
+from service.runtime.detokenize import Detokenizer, WordStream
+from service.runtime.pipeline import Arrays, Consumed, Finished, load_initial_state
 
 
 class SummarizePipeline:
@@ -33,6 +34,7 @@ class SummarizePipeline:
         self.encode, self.decode = graphs["encode_window"], graphs["decode_step"]
         assert isinstance(self.encode, DynamicBatcher) and isinstance(self.decode, DecodeLoop)
         self.tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
+        self.detokenizer = Detokenizer(self.tokenizer)
         self.stream = SummaryStream(s, self.tokenizer)
         self.initial_state = load_initial_state(entry)
 
@@ -68,34 +70,36 @@ class SummarizePipeline:
         cut_state, windows = self.stream.flush(state)
         final_state, chunk = await self._encode(cut_state, windows)
         chunks = [*chunks, chunk] if chunk is not None else list(chunks)
-        if not chunks:
-            raise InputError("the document has no text to summarize")
+        if not chunks:  # a document without a single token: an empty summary (the schema allows empty text)
+            result = {"summary": "", "tokens": 0, "summary_tokens": 0}
+            return Finished(result, _no_tokens() if stream else None, segments=len(windows))
         memory, source_ids = self.stream.memory(final_state, chunks)
         beams = int(options.get("beam_size") or self.settings["beam_size"])
         limit = self.stream.length_limit(source_ids.shape[1], options.get("max_length"))
         result: dict[str, Any] = {"summary": "", "tokens": int(source_ids.shape[1]), "summary_tokens": 0}
+        # copying models: words only as the document has them (no glued pieces, no word cut at the cap)
+        known = self.detokenizer.vocabulary(source_ids[0]) if self.settings["output_vocab"] != "full" else None
 
         async def run(on_token: TokenCallback | None = None) -> list[int]:
             ids = await self._search(memory, source_ids, limit, beams, on_token)
-            result.update(summary=self.tokenizer.decode(ids), summary_tokens=len(ids))
+            result.update(summary=self.detokenizer.text(ids, known), summary_tokens=len(ids))
             return ids
 
         if not stream:
             await run()
-            return Finished(result)
-        return Finished(result, self._stream(run, beams))
+            return Finished(result, segments=len(windows))
+        return Finished(result, self._stream(run, beams, result, known), segments=len(windows))
 
-    async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int) -> AsyncIterator[str]:
-        """Text as it is generated (greedy: token by token; beam search: at the end)."""
+    async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int, result: dict[str, Any],
+                      known: frozenset[tuple[int, ...]] | None) -> AsyncIterator[str]:
+        """Text as it is generated, whole words at a time (greedy search); beam search: all of it at the end."""
         queue: asyncio.Queue[str | None] = asyncio.Queue()
-        sent = ""
+        words = WordStream(self.detokenizer, known)
 
         def on_token(ids: list[int]) -> None:
-            nonlocal sent
-            text = self.tokenizer.decode(ids)
-            if text.startswith(sent) and len(text) > len(sent):  # WordPiece may rewrite the last word's end
-                queue.put_nowait(text[len(sent) :])
-                sent = text
+            piece = words.update(ids)
+            if piece:
+                queue.put_nowait(piece)
 
         task = asyncio.create_task(run(on_token if beams == 1 else None))
         task.add_done_callback(lambda _: queue.put_nowait(None))
@@ -105,10 +109,10 @@ class SummarizePipeline:
         finally:  # the client left (the generator is closed early): stop generating at the next step
             if not task.done():
                 task.cancel()
-        ids = await task  # re-raises a failed search
-        text = self.tokenizer.decode(ids)
-        if text.startswith(sent) and len(text) > len(sent):
-            yield text[len(sent) :]
+        await task  # re-raises a failed search
+        rest = words.finish(result["summary"])
+        if rest:
+            yield rest
 
     async def _search(
         self, memory: Arrays, source_ids: np.ndarray, limit: int, beams: int, on_token: TokenCallback | None,
@@ -121,3 +125,7 @@ class SummarizePipeline:
                           else BeamSearch(bos, eos, vocab_ids, limit, no_repeat, beams))
         return await self.decode.generate(search, fixed, state)
 
+
+async def _no_tokens() -> AsyncIterator[str]:
+    return
+    yield  # an async generator that yields nothing
