@@ -88,7 +88,7 @@ class Counts:
     """How much each scenario sends."""
 
     e2e_sessions: int = 4  # one after another, `pieces` one-segment pieces each
-    pieces: int = 8  # pieces per classify session (at most the model's max_segments)
+    pieces: int = 8  # pieces per classify session (one segment each)
     sessions: tuple[int, ...] = (16, 32)  # concurrent classify sessions
     articles: int = 32
     article_chars: int | None = None  # None: whole articles

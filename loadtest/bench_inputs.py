@@ -36,7 +36,7 @@ def piece_body(seq: int, key: str, value: Any) -> bytes:
     return json.dumps({"seq": seq, key: value}, separators=(",", ":")).encode()
 
 
-def cutter_for(entry: Path, manifest: Mapping[str, Any], segment_size: int, max_segments: int) -> SegmentCutter:
+def cutter_for(entry: Path, manifest: Mapping[str, Any], segment_size: int, max_segments: int | None) -> SegmentCutter:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
@@ -84,8 +84,9 @@ def classify_sessions(
 ) -> list[SessionInput]:
     """``sessions`` documents (the first long enough), each cut into ``pieces`` one-segment pieces."""
     settings = manifest["settings"]
-    count = min(pieces, int(settings["max_segments"]))
-    cutter = cutter_for(entry, manifest, int(settings["segment_size"]), int(settings["max_segments"]))
+    limit = settings["max_segments"]  # None: the model reads every segment
+    count = pieces if limit is None else min(pieces, int(limit))
+    cutter = cutter_for(entry, manifest, int(settings["segment_size"]), limit)
     prepared: list[SessionInput] = []
     for text in texts:
         cut, segments = one_segment_pieces(cutter, text, count)

@@ -50,17 +50,28 @@ class ClassifierStream:
         """Tokens in complete segments plus those waiting for the next segment."""
         return int(state["tokens_seen"][0]) + int(state["pending_ids_len"][0])
 
+    @property
+    def limit(self) -> int | None:
+        """The most tokens the model reads of a document: ``max_segments`` segments of ``s - 2`` (None: all)."""
+        return self.cutter.max_segments * self.cutter.content_size if self.cutter.bounded else None
+
+    def reading(self, state: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """How much of the document the model read: ``tokens_read`` of ``tokens_total``, ``truncated`` once
+        it stopped at ``max_segments`` with tokens left unread."""
+        read, total = self.tokens_read(state), self.cutter.tokens_total(state)
+        return {"tokens_read": read, "tokens_total": total, "truncated": total > read}
+
     def result(self, state: Mapping[str, np.ndarray]) -> dict[str, Any]:
         """The prediction after the last applied segment (none before the first)."""
-        segments, tokens = int(state["segments_done"][0]), self.tokens_read(state)
+        segments = int(state["segments_done"][0])
         if segments == 0:
-            return {"label": None, "probabilities": {}, "segments": 0, "tokens": tokens}
+            return {"label": None, "probabilities": {}, "segments": 0, **self.reading(state)}
         probabilities = softmax(state["last_logits"].astype(np.float64))[0]
         return {
             "label": self.labels[int(probabilities.argmax())],
             "probabilities": {label: float(p) for label, p in zip(self.labels, probabilities, strict=True)},
             "segments": segments,
-            "tokens": tokens,
+            **self.reading(state),
         }
 
 

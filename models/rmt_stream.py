@@ -18,6 +18,7 @@ document's length:
 | segments_done | int64 | (1,) | segments applied (stops at max_segments) |
 | overflow | bool | (1,) | pending word longer than P bytes: one [UNK] |
 | tokens_seen | int64 | (1,) | document tokens applied so far |
+| tokens_past_limit | int64 | (1,) | document tokens left unread past max_segments |
 
 A safe cut point follows whitespace, punctuation or a CJK ideograph, where BERT
 pre-tokenization always splits, so pieces tokenized separately give the ids of

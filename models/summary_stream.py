@@ -64,10 +64,21 @@ class SummaryStream:
     def flush(self, state: Mapping[str, np.ndarray]) -> tuple[Arrays, list[Segment]]:
         return self.cutter.flush(state)
 
-    @staticmethod
-    def tokens_read(state: Mapping[str, np.ndarray]) -> int:
-        """Tokens encoded plus those waiting for the next window."""
-        return int(state["source_tokens"][0]) + int(state["pending_ids_len"][0])
+    def tokens_read(self, state: Mapping[str, np.ndarray]) -> int:
+        """Tokens cut into windows (encoded, up to ``max_source``) plus those waiting for the next window."""
+        read = int(state["tokens_seen"][0]) + int(state["pending_ids_len"][0])
+        return read if self.max_source is None else min(read, self.max_source)
+
+    @property
+    def limit(self) -> int | None:
+        """The most tokens the model reads of a document (None: all)."""
+        return self.max_source
+
+    def reading(self, state: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        """How much of the document the model reads: ``tokens_read`` of ``tokens_total``, ``truncated`` once
+        tokens past ``max_source`` are left unread."""
+        read, total = self.tokens_read(state), self.cutter.tokens_total(state)
+        return {"tokens_read": read, "tokens_total": total, "truncated": total > read}
 
     def window_inputs(self, state: Mapping[str, np.ndarray], window: Segment) -> Arrays | None:
         """The ``encode_window`` inputs of a closed window: its ids without [CLS]/[SEP], and the token

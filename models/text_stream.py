@@ -28,6 +28,7 @@ from models.tensor_spec import TensorSpec
 
 CLS_ID, SEP_ID, PAD_ID, UNK_ID = 101, 102, 0, 100  # uncased BERT vocabulary (MiniLM-L6)
 PENDING_BYTES = 1024  # longest text run without a safe cut point kept verbatim
+ALL_SEGMENTS = 1 << 62  # a cutter without a segment limit (a recurrent model whose state is bounded)
 
 Segment = tuple[np.ndarray, np.ndarray]  # input_ids (s,), attention_mask (s,), int64
 
@@ -59,11 +60,13 @@ def last_cut(text: str) -> int:
 class SegmentCutter:
     """Cuts token ids into ``[CLS] w_1 .. w_{s-2} [SEP]`` segments, right-padded to ``segment_size``."""
 
-    def __init__(self, tokenizer: Any, segment_size: int, max_segments: int, pending_bytes: int = PENDING_BYTES):
+    def __init__(self, tokenizer: Any, segment_size: int, max_segments: int | None,
+                 pending_bytes: int = PENDING_BYTES):
         self.tokenizer = tokenizer  # a ``tokenizers.Tokenizer`` without truncation or padding
         self.segment_size = segment_size
         self.content_size = segment_size - 2
-        self.max_segments = max_segments
+        self.bounded = max_segments is not None  # None: every segment of any document is read
+        self.max_segments = max_segments if max_segments is not None else ALL_SEGMENTS
         self.pending_bytes = pending_bytes
 
     # ---- whole documents ----------------------------------------------------------------------
@@ -92,6 +95,7 @@ class SegmentCutter:
             TensorSpec("segments_done", "int64", ("batch",)),
             TensorSpec("overflow", "bool", ("batch",)),
             TensorSpec("tokens_seen", "int64", ("batch",)),
+            TensorSpec("tokens_past_limit", "int64", ("batch",)),
         ]
 
     def init_state(self) -> dict[str, np.ndarray]:
@@ -103,13 +107,12 @@ class SegmentCutter:
             "segments_done": np.zeros(1, dtype=np.int64),
             "overflow": np.zeros(1, dtype=bool),
             "tokens_seen": np.zeros(1, dtype=np.int64),
+            "tokens_past_limit": np.zeros(1, dtype=np.int64),
         }
 
     def feed(self, state: Mapping[str, np.ndarray], text: str) -> tuple[dict[str, np.ndarray], list[Segment]]:
         """Append a text piece: the new state and the segments it completed (to step, in order)."""
         state = {name: np.array(value) for name, value in state.items()}
-        if int(state["segments_done"][0]) >= self.max_segments:
-            return state, []  # the whole path reads no further either
         pending = self._pending_text(state) + text
         overflow = bool(state["overflow"][0])
         ids: list[int] = []
@@ -132,9 +135,12 @@ class SegmentCutter:
         state = {name: np.array(value) for name, value in state.items()}
         ids = ([UNK_ID] if bool(state["overflow"][0]) else []) + self.token_ids(self._pending_text(state))
         self._set_text(state, b"", False)
-        if int(state["segments_done"][0]) >= self.max_segments:
-            return state, []
         return self._push_ids(state, ids, final=True)
+
+    @staticmethod
+    def tokens_total(state: Mapping[str, np.ndarray]) -> int:
+        """Every token of the document so far: cut into segments, waiting, or past ``max_segments``."""
+        return int(state["tokens_seen"][0]) + int(state["pending_ids_len"][0]) + int(state["tokens_past_limit"][0])
 
     def _pending_text(self, state: Mapping[str, np.ndarray]) -> str:
         length = int(state["pending_text_len"][0])
@@ -158,7 +164,8 @@ class SegmentCutter:
             segments.append(self.pack(pending[:c]))
             state["tokens_seen"] = state["tokens_seen"] + len(pending[:c])
             pending, done = pending[c:], done + 1
-        if done >= self.max_segments:
+        if done >= self.max_segments:  # the model reads no further: count what it leaves unread
+            state["tokens_past_limit"] = state["tokens_past_limit"] + len(pending)
             pending = []
         state["pending_ids"] = np.zeros((1, c), dtype=np.int64)
         state["pending_ids"][0, : len(pending)] = pending

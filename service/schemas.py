@@ -94,7 +94,18 @@ class ClassifyRequest(BaseModel):
     model: str | None = MODEL_FIELD
 
 
-class ClassifyResult(BaseModel):
+class Reading(BaseModel):
+    """How much of the document the model read: nothing past its limit is ever silent."""
+
+    tokens_read: int = Field(description="Document tokens the model read (or will read at finish).",
+                             examples=[1008])
+    tokens_total: int = Field(description="Document tokens received so far, read or not.", examples=[1500])
+    truncated: bool = Field(description="True when tokens past the model's limit (`GET /models`: `max_tokens`) "
+                            "were left unread (`RTSERVE_OVER_LIMIT=truncate`; with `refuse` such a document "
+                            "is a 422).", examples=[False])
+
+
+class ClassifyResult(Reading):
     label: str | None = Field(description="Most probable label; null before the first complete segment (or for "
                               "a document without tokens).", examples=["hyperpartisan"])
     probabilities: dict[str, float] = Field(
@@ -102,7 +113,6 @@ class ClassifyResult(BaseModel):
         examples=[{"hyperpartisan": 0.91, "mainstream": 0.09}],
     )
     segments: int = Field(description="Segments the model read.", examples=[3])
-    tokens: int = Field(description="Tokens read so far.", examples=[1200])
 
 
 class ClassifyResponse(ClassifyResult):
@@ -112,7 +122,7 @@ class ClassifyResponse(ClassifyResult):
 class SummarizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(
-        description="The document to summarize (the model reads its first `max_source` tokens, see `GET /models`). "
+        description="The document to summarize (the model reads its first `max_tokens` tokens, see `GET /models`). "
         "Text without any token (empty) gives an empty summary.",
         examples=["Shares in the bank rose 5% on Monday after it reported a rise in profits ..."],
     )
@@ -123,9 +133,8 @@ class SummarizeRequest(BaseModel):
     beam_size: BeamSize | None = Field(None, description=BEAM_SIZE_DESCRIPTION, examples=[1])
 
 
-class SummaryResult(BaseModel):
+class SummaryResult(Reading):
     summary: str = Field(description="The summary (detokenized text).", examples=["Shares in the bank rose 5%."])
-    tokens: int = Field(description="Document tokens read.", examples=[512])
     summary_tokens: int = Field(description="Tokens generated.", examples=[64])
 
 
@@ -212,10 +221,9 @@ class RowsPiece(BaseModel):
 SegmentRequest = Annotated[TextPiece | RowsPiece, Field(description="`seq` and either `text` or `rows`.")]
 
 
-class SummarizeProgress(BaseModel):
+class SummarizeProgress(Reading):
     """A summarize session's running result: what the encoder has read (the summary comes at finish)."""
 
-    tokens: int = Field(description="Document tokens read so far.", examples=[700])
     encoded_tokens: int = Field(description="Tokens the encoder has already turned into memory.", examples=[510])
     windows: int = Field(description="Encoder windows closed.", examples=[1])
 
@@ -229,7 +237,7 @@ class SegmentResponse(BaseModel):
         "(forecast), what has been read (summarize). A retry of the last `seq` after finish returns the final "
         "result (for summaries: the summary).",
         examples=[{"label": "mainstream", "probabilities": {"hyperpartisan": 0.2, "mainstream": 0.8},
-                   "segments": 1, "tokens": 130}],
+                   "segments": 1, "tokens_read": 130, "tokens_total": 130, "truncated": False}],
     )
 
 
@@ -290,6 +298,11 @@ class ModelInfo(BaseModel):
         examples=[["CPUExecutionProvider"]],
     )
     max_batch_size: int = Field(description="Largest batch the batcher forms for this model.", examples=[32])
+    max_tokens: int | None = Field(
+        description="Most tokens of a document the model reads (text models); past it, `RTSERVE_OVER_LIMIT` decides: "
+        "read the first tokens and answer `truncated: true`, or 422. Null for forecasters (their look-back slides).",
+        examples=[None],
+    )
     manifest: dict[str, Any] = Field(
         description="The entry's manifest.json: settings (segment length, look-back, labels, ... and `metrics`: the "
         "model's measured test scores), graphs, state spec.",

@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     session_max_lifetime_seconds: int = Field(86400, ge=1, description="Hard limit on a session's age.")
     max_body_bytes: int = Field(2_000_000, ge=1024, description="Largest accepted request body (413 above).")
     max_text_chars: int = Field(200_000, ge=1, description="Longest accepted text, in characters (422 above).")
+    over_limit: Literal["truncate", "refuse"] = Field(
+        "truncate",
+        description="A document longer than its model reads (GET /models: `max_tokens`): `truncate` reads the "
+        "first tokens and answers `truncated: true`; `refuse` answers 422 and applies nothing.",
+    )
     max_rows: int = Field(100_000, ge=1, description="Most series rows accepted in one request (422 above).")
     max_segments_per_session: int = Field(10_000, ge=1, description="Most pieces one session may receive (429).")
     max_sessions_per_key: int = Field(

@@ -101,7 +101,7 @@ def test_session_numbers_pieces_and_a_lost_answer_is_retried_exactly_once(server
             final = session.finish()
     assert transport.sent == len(pieces) + 2  # the first piece went out three times ...
     assert [a["replayed"] for a in answers] == [True] + [False] * (len(pieces) - 1)  # ... and was applied once
-    assert final["session"]["seq"] == len(pieces) and final["session"]["consumed"] == whole["tokens"]
+    assert final["session"]["seq"] == len(pieces) and final["session"]["consumed"] == whole["tokens_read"]
     assert final["probabilities"] == pytest.approx(whole["probabilities"], abs=1e-5)
 
 

@@ -67,7 +67,10 @@ def rmt_servable(checkpoint: Checkpoint) -> Servable:
         sample_inputs=sample_inputs,
         state_outputs={"memory": "next_memory"},
     )
-    cutter = SegmentCutter(None, s, config.max_segments, PENDING_BYTES)
+    # Served, the classifier reads every segment of any document: its memory is bounded state, and on the
+    # test split reading all segments scores at least what the training length (config.max_segments) does
+    # (docs/classification.md, "Segments read"). ``rtserve eval <checkpoint> --segments N`` measures any N.
+    cutter = SegmentCutter(None, s, None, PENDING_BYTES)
     return Servable(
         name="",
         task="classify",
@@ -76,7 +79,8 @@ def rmt_servable(checkpoint: Checkpoint) -> Servable:
         state_spec=[memory_spec, TensorSpec("last_logits", "float32", ("batch", labels)), *cutter.state_spec()],
         settings={
             "segment_size": s,
-            "max_segments": config.max_segments,
+            "max_segments": None,  # all
+            "trained_segments": config.max_segments,
             "memory_size": m,
             "pending_bytes": PENDING_BYTES,
             "labels": list(checkpoint.extras.get("label_names") or config.label_names),

@@ -58,21 +58,34 @@ def _cache_path(data: Path, max_source: int, window: int) -> Path:
     return CACHE_ROOT / f"srformer-{corpus_name(data)}-k{max_source}-w{window}-{key}"
 
 
+def _cache_index(folder: Path) -> dict[str, list[str]]:
+    """Shard file -> the document keys it holds (an older single-file cache is one shard)."""
+    done = folder / "index.json"
+    if not done.exists():
+        return {}
+    index = json.loads(done.read_text())
+    return index.get("shards") or {"encoded.safetensors": index["keys"]}
+
+
 @torch.no_grad()
 def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch_windows: int = 8,
                 device: str = "cpu") -> Path:
-    """Encode every document once (all windows, batched, padded) and store them as safetensors."""
+    """Encode the documents of ``keys`` not cached yet (all windows, batched, padded) into a new shard.
+
+    Only what is asked for is encoded: an eval of 200 test articles encodes 200 articles, not the
+    corpus; a later run that needs more adds a shard with just the missing ones.
+    """
     from safetensors.torch import save_file
     from tqdm import tqdm
 
     from models.minilm import load_minilm_encoder, load_minilm_tokenizer
 
     folder = _cache_path(data, max_source, window)
-    done = folder / "index.json"
-    if done.exists():
-        index = json.loads(done.read_text())
-        if set(keys) <= set(index["keys"]):
-            return folder
+    shards = _cache_index(folder)
+    cached = {key for shard_keys in shards.values() for key in shard_keys}
+    keys = list(dict.fromkeys(key for key in keys if key not in cached))
+    if not keys:
+        return folder
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = load_minilm_tokenizer()
     encoder = load_minilm_encoder().to(device)
@@ -82,7 +95,8 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
     windows = [(d, start) for d, src in enumerate(sources) for start in range(0, len(src), window)]
     windows.sort(key=lambda w: -min(window, len(sources[w[0]]) - w[1]))  # similar lengths together
     outputs: dict[tuple[int, int], torch.Tensor] = {}
-    for b in tqdm(range(0, len(windows), batch_windows), desc="encoding (MiniLM, cached once)", file=sys.stderr):
+    for b in tqdm(range(0, len(windows), batch_windows), desc=f"encoding {len(keys)} documents (MiniLM, cached)",
+                  file=sys.stderr):
         chunk = windows[b: b + batch_windows]
         pieces = [sources[d][start: start + window] for d, start in chunk]
         width = max(len(p) for p in pieces) + 2
@@ -101,8 +115,10 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
         tensors[f"{name}.enc"] = torch.cat([outputs[(d, s)] for s in starts]).contiguous()
         tensors[f"{name}.source"] = sources[d].to(torch.int32).contiguous()
         tensors[f"{name}.target"] = targets[d].to(torch.int32).contiguous()
-    save_file(tensors, str(folder / "encoded.safetensors"))
-    done.write_text(json.dumps({"keys": keys, "max_source": max_source, "window": window}))
+    shard = f"encoded-{len(shards)}.safetensors"
+    save_file(tensors, str(folder / shard))
+    shards[shard] = keys
+    (folder / "index.json").write_text(json.dumps({"shards": shards, "max_source": max_source, "window": window}))
     return folder
 
 
@@ -111,15 +127,20 @@ def load_examples(data: Path, split: str, max_source: int, window: int, limit: i
     from safetensors import safe_open
 
     corpus = corpus_of(data)
-    folder = build_cache(data, corpus.all_keys(data), max_source, window, device=device)
     keys = corpus.split_keys(data, split)[:limit] if limit else corpus.split_keys(data, split)
+    folder = build_cache(data, keys, max_source, window, device=device)  # encodes only what is missing
+    shard_of = {key: shard for shard, shard_keys in _cache_index(folder).items() for key in shard_keys}
     out = []
-    with safe_open(str(folder / "encoded.safetensors"), framework="pt") as f:
-        for key in keys:
-            name = key.replace("/", "_")
-            out.append(Example(key, f.get_tensor(f"{name}.source").long(), f.get_tensor(f"{name}.enc"),
-                               f.get_tensor(f"{name}.target").long(), corpus.read_pair(data, key).summary))
-    return out
+    for shard in dict.fromkeys(shard_of[key] for key in keys):
+        with safe_open(str(folder / shard), framework="pt") as f:
+            for key in keys:
+                if shard_of[key] != shard:
+                    continue
+                name = key.replace("/", "_")
+                out.append(Example(key, f.get_tensor(f"{name}.source").long(), f.get_tensor(f"{name}.enc"),
+                                   f.get_tensor(f"{name}.target").long(), corpus.read_pair(data, key).summary))
+    order = {key: position for position, key in enumerate(keys)}
+    return sorted(out, key=lambda example: order[example.key])
 
 
 # ---- batches -------------------------------------------------------------------------------

@@ -18,21 +18,22 @@ from tokenizers import Tokenizer
 from models.classifier_stream import ClassifierStream
 from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
-from service.runtime.pipeline import Arrays, Consumed, Finished, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, load_initial_state
 
 
 class ClassifyPipeline:
     task = "classify"
     input_kind = "text"
 
-    def __init__(self, manifest: Mapping[str, Any], entry: Path, graphs: Mapping[str, DynamicBatcher]) -> None:
-        self.manifest = manifest
+    def __init__(self, manifest: Mapping[str, Any], entry: Path, graphs: Mapping[str, DynamicBatcher],
+                 over_limit: str = "truncate") -> None:
+        self.manifest, self.over_limit = manifest, over_limit
         self.step = graphs["step"]
         settings = manifest["settings"]
         self.labels = list(settings["labels"])
         tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
         cutter = SegmentCutter(
-            tokenizer, int(settings["segment_size"]), int(settings["max_segments"]), int(settings["pending_bytes"])
+            tokenizer, int(settings["segment_size"]), settings["max_segments"], int(settings["pending_bytes"])
         )
         self.stream = ClassifierStream(cutter, self.labels)
         self.initial_state = load_initial_state(entry)
@@ -43,6 +44,7 @@ class ClassifyPipeline:
     async def consume(self, state: Mapping[str, np.ndarray], piece: str) -> Consumed:
         before = self.stream.tokens_read(state)
         cut_state, segments = self.stream.feed(state, piece)
+        self._check(cut_state)
         new_state = await self._run(cut_state, segments)
         consumed = self.stream.tokens_read(new_state) - before
         return Consumed(new_state, self.stream.result(new_state), units_read=consumed, segments=len(segments))
@@ -52,9 +54,13 @@ class ClassifyPipeline:
         stream: bool = False, options: Mapping[str, Any] | None = None,
     ) -> Finished:
         cut_state, segments = self.stream.flush(state)
+        self._check(cut_state)
         new_state = await self._run(cut_state, segments)
         # a document without a single token: label null, no probabilities (the schema's own "no text yet")
         return Finished(self.stream.result(new_state), segments=len(segments))
+
+    def _check(self, state: Mapping[str, np.ndarray]) -> None:
+        check_reading(self.stream.reading(state), self.stream.limit, self.over_limit, self.manifest["name"])
 
     async def _run(self, state: dict[str, np.ndarray], segments: list) -> dict[str, np.ndarray]:
         for segment in segments:  # in order: each segment reads the memory the previous one wrote

@@ -54,6 +54,19 @@ class Pipeline(Protocol):
     ) -> Finished: ...
 
 
+OVER_LIMIT = ("truncate", "refuse")  # what a text pipeline does with tokens past its model's limit
+
+
+def check_reading(reading: Mapping[str, Any], limit: int | None, over_limit: str, model: str) -> None:
+    """With ``over_limit="refuse"``, a document longer than the model reads is a 422 (nothing applied)."""
+    if over_limit == "refuse" and reading["truncated"]:
+        raise InputError(
+            f"the document is longer than {model} reads: it reads the first {limit} tokens and this document has "
+            f"{reading['tokens_total']} so far. Send a shorter document, or ask the operator for "
+            "RTSERVE_OVER_LIMIT=truncate (the model then reads the first tokens and says truncated: true)"
+        )
+
+
 def load_initial_state(entry: Path) -> Arrays:
     """``init_state(1)`` as the exporter wrote it (learned initial memory, zeros, ...)."""
     return dict(safetensors_load((entry / "initial_state.safetensors").read_bytes()))

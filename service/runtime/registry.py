@@ -114,7 +114,8 @@ def load_model(
             )
     module_name, class_name = PIPELINES[manifest["task"]].split(":")
     pipeline_class = getattr(importlib.import_module(module_name), class_name)
-    pipeline = pipeline_class(manifest, entry, runners)
+    text_options = {"over_limit": settings.over_limit} if pipeline_class.input_kind == "text" else {}
+    pipeline = pipeline_class(manifest, entry, runners, **text_options)
     providers = list(dict.fromkeys(p for runner in backends.values() for p in runner.providers))  # in order
     return LoadedModel(
         name, version, entry, manifest, backend, providers, runners, pipeline, device, precision, max_batch_size
@@ -216,6 +217,7 @@ class ModelRegistry:
                 "precision": m.precision,
                 "providers": m.providers,
                 "max_batch_size": m.max_batch_size,
+                "max_tokens": m.pipeline.stream.limit if m.pipeline.input_kind == "text" else None,  # type: ignore[attr-defined]
                 "manifest": m.manifest,
             }
             for m in sorted(self.models.values(), key=lambda m: m.ref)

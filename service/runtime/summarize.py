@@ -20,7 +20,7 @@ from models.summary_stream import SummaryStream
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.detokenize import Detokenizer, WordStream
-from service.runtime.pipeline import Arrays, Consumed, Finished, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, load_initial_state
 
 
 class SummarizePipeline:
@@ -28,8 +28,8 @@ class SummarizePipeline:
     input_kind = "text"
 
     def __init__(self, manifest: Mapping[str, Any], entry: Path,
-                 graphs: Mapping[str, DynamicBatcher | DecodeLoop]) -> None:
-        self.manifest = manifest
+                 graphs: Mapping[str, DynamicBatcher | DecodeLoop], over_limit: str = "truncate") -> None:
+        self.manifest, self.over_limit = manifest, over_limit
         self.settings = s = manifest["settings"]
         self.encode, self.decode = graphs["encode_window"], graphs["decode_step"]
         assert isinstance(self.encode, DynamicBatcher) and isinstance(self.decode, DecodeLoop)
@@ -45,11 +45,15 @@ class SummarizePipeline:
     async def consume(self, state: Mapping[str, np.ndarray], piece: str) -> Consumed:
         before = self.stream.tokens_read(state)
         cut_state, windows = self.stream.feed(state, piece)
+        self._check(cut_state)
         new_state, chunk = await self._encode(cut_state, windows)
         read = self.stream.tokens_read(new_state)
-        result = {"tokens": read, "encoded_tokens": int(new_state["source_tokens"][0]),
+        result = {**self.stream.reading(new_state), "encoded_tokens": int(new_state["source_tokens"][0]),
                   "windows": int(new_state["segments_done"][0])}
         return Consumed(new_state, result, units_read=read - before, chunk=chunk, segments=len(windows))
+
+    def _check(self, state: Mapping[str, np.ndarray]) -> None:
+        check_reading(self.stream.reading(state), self.stream.limit, self.over_limit, self.manifest["name"])
 
     async def _encode(self, state: Arrays, windows: list) -> tuple[Arrays, Arrays | None]:
         parts: list[Arrays] = []
@@ -68,15 +72,16 @@ class SummarizePipeline:
     ) -> Finished:
         options = options or {}
         cut_state, windows = self.stream.flush(state)
+        self._check(cut_state)
         final_state, chunk = await self._encode(cut_state, windows)
         chunks = [*chunks, chunk] if chunk is not None else list(chunks)
         if not chunks:  # a document without a single token: an empty summary (the schema allows empty text)
-            result = {"summary": "", "tokens": 0, "summary_tokens": 0}
+            result = {"summary": "", **self.stream.reading(final_state), "summary_tokens": 0}
             return Finished(result, _no_tokens() if stream else None, segments=len(windows))
         memory, source_ids = self.stream.memory(final_state, chunks)
         beams = int(options.get("beam_size") or self.settings["beam_size"])
         limit = self.stream.length_limit(source_ids.shape[1], options.get("max_length"))
-        result: dict[str, Any] = {"summary": "", "tokens": int(source_ids.shape[1]), "summary_tokens": 0}
+        result: dict[str, Any] = {"summary": "", **self.stream.reading(final_state), "summary_tokens": 0}
         # copying models: words only as the document has them (no glued pieces, no word cut at the cap)
         known = self.detokenizer.vocabulary(source_ids[0]) if self.settings["output_vocab"] != "full" else None
 
