@@ -94,7 +94,7 @@ def test_sessions_stream_on_a_redis_cluster_as_on_one_server(repository, cluster
             whole = client.post("/forecast", json={"rows": rows}).json()["forecast"]
             final = client.post(f"/sessions/{session_id}/finish")
             assert final.status_code == 200, final.text
-            np.testing.assert_allclose(final.json()["result"]["forecast"], whole, atol=1e-5)
+            np.testing.assert_allclose(final.json()["forecast"], whole, atol=1e-5)
         assert active_sessions(client) == 3  # finished sessions leave the live index
         for session_id in sessions[3:]:
             assert client.delete(f"/sessions/{session_id}").status_code == 204
@@ -128,7 +128,7 @@ def test_sessions_continue_when_a_primary_is_killed(repository, cluster):
             whole = client.post("/forecast", json={"rows": rows}).json()["forecast"]
             final = client.post(f"/sessions/{session_id}/finish")
             assert final.status_code == 200, final.text
-            np.testing.assert_allclose(final.json()["result"]["forecast"], whole, atol=1e-5)
+            np.testing.assert_allclose(final.json()["forecast"], whole, atol=1e-5)
         assert client.get("/readyz").json()["status"] == "ready"
 
 
@@ -167,7 +167,7 @@ def test_a_failover_loses_the_pieces_the_replica_had_not_received(repository, cl
             seq, _ = send(client, session_id, pieces, seq)
         whole = client.post("/forecast", json={"rows": rows}).json()["forecast"]
         final = client.post(f"/sessions/{session_id}/finish").json()
-        np.testing.assert_allclose(final["result"]["forecast"], whole, atol=1e-5)
+        np.testing.assert_allclose(final["forecast"], whole, atol=1e-5)
 
 
 def test_an_applied_piece_on_a_cluster_costs_two_steps_the_second_fanned_out(repository, cluster, monkeypatch):
