@@ -50,7 +50,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                                 cluster=settings.redis_cluster)
     registry = ModelRegistry(settings, metrics)
     app.state.store = store
-    app.state.models = registry
+    app.state.registry = registry
     app.state.flow = SessionFlow(SessionStore(store, settings, metrics), registry, metrics)
     try:
         await registry.load_all()

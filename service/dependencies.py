@@ -35,7 +35,7 @@ MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 
 
 async def get_registry(request: Request) -> ModelRegistry:
-    return request.app.state.models
+    return request.app.state.registry
 
 
 async def get_flow(request: Request) -> SessionFlow:

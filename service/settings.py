@@ -7,7 +7,6 @@ the service reads environment variables.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -198,7 +197,3 @@ class Settings(BaseSettings):
             return self.model_max_batch_sizes[model]
         return self.max_batch_size_cuda if device.startswith("cuda") else self.max_batch_size
 
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

@@ -163,7 +163,7 @@ def test_the_lock_is_refreshed_while_a_long_step_runs(repository, redis_url, key
                                                                              key_prefix) as b:
         session = a.post("/sessions", json={"task": "forecast"}).json()
         url = f"/sessions/{session['id']}/segments"
-        pipeline = a.app.state.models.resolve("rsa-tiny", "forecast").pipeline
+        pipeline = a.app.state.registry.resolve("rsa-tiny", "forecast").pipeline
         original, steps = pipeline.consume, {"count": 0}
 
         async def slow_consume(state, piece):

@@ -39,7 +39,7 @@ def server(summarize_repository, redis_url, key_prefix):
     deadline = time.monotonic() + 60
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
-    decode = app.state.models.resolve("srformer-tiny", "summarize").batchers["decode_step"]
+    decode = app.state.registry.resolve("srformer-tiny", "summarize").batchers["decode_step"]
     decode.backend = counting = SlowCountingBackend(decode.backend)
     yield f"http://127.0.0.1:{port}", counting
     server.should_exit = True
