@@ -31,17 +31,21 @@ from models.text_stream import Segment, SegmentCutter
 Arrays = dict[str, np.ndarray]
 
 
-def state_and_chunk_specs(cutter: SegmentCutter, layers: int, heads: int, head_dim: int
-                          ) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """The session state (bounded) and the append-only chunk of one piece (grows with the document)."""
+CHUNK_DTYPE = "float16"  # stored keys and values: half the bytes per token (parity: docs/summarization.md)
+
+
+def state_and_chunk_specs(cutter: SegmentCutter, layers: int, heads: int, head_dim: int,
+                          chunk_dtype: str = CHUNK_DTYPE) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The session state (bounded) and the append-only chunk of one piece (grows with the document): the
+    window's ids and, per decoder layer, its cross-attention keys and values, stored as ``chunk_dtype``."""
     state = [*cutter.state_spec(), TensorSpec("last_source_id", "int64", ("batch",)),
              TensorSpec("source_tokens", "int64", ("batch",))]
     chunk = [TensorSpec("source_ids", "int64", ("batch", "window"))]
     for layer in range(layers):
         state += [TensorSpec(f"kv{layer}", "float32", ("batch", heads, head_dim, head_dim)),
                   TensorSpec(f"ksq{layer}", "float32", ("batch", heads))]
-        chunk += [TensorSpec(f"k{layer}", "float32", ("batch", heads, "window", head_dim)),
-                  TensorSpec(f"v{layer}", "float32", ("batch", heads, "window", head_dim))]
+        chunk += [TensorSpec(f"k{layer}", chunk_dtype, ("batch", heads, "window", head_dim)),
+                  TensorSpec(f"v{layer}", chunk_dtype, ("batch", heads, "window", head_dim))]
     return state, chunk
 
 
@@ -54,8 +58,9 @@ class SummaryStream:
         self.cutter = SegmentCutter(tokenizer, int(s["encoder_window"]) + 2, int(s["max_windows"]),
                                     int(s["pending_bytes"]))
         self.max_source = int(s["max_source"]) or None
-        # chunk tensor -> the axis along which windows append (the "window" axis of the chunk spec)
+        # chunk tensor -> the axis along which windows append (the "window" axis of the chunk spec), its dtype
         self.window_axis = {spec["name"]: list(spec["shape"]).index("window") for spec in s["chunk_spec"]}
+        self.chunk_dtype = {spec["name"]: np.dtype(spec["dtype"]) for spec in s["chunk_spec"]}
 
     # ---- reading the document ------------------------------------------------------------------
     def feed(self, state: Mapping[str, np.ndarray], text: str) -> tuple[Arrays, list[Segment]]:
@@ -98,7 +103,8 @@ class SummaryStream:
         new = dict(state)
         part: Arrays = {"source_ids": content}
         for layer in range(self.layers):
-            part[f"k{layer}"], part[f"v{layer}"] = outputs[f"k{layer}"], outputs[f"v{layer}"]
+            for kind in ("k", "v"):  # stored as the chunk spec says (float16: half the bytes)
+                part[f"{kind}{layer}"] = outputs[f"{kind}{layer}"].astype(self.chunk_dtype[f"{kind}{layer}"])
             new[f"kv{layer}"] = state[f"kv{layer}"] + outputs[f"kv{layer}"]  # Eq. 15: sum of K_j' V_j
             new[f"ksq{layer}"] = state[f"ksq{layer}"] + outputs[f"ksq{layer}"]  # Eq. 13: sum of K^2
         new["last_source_id"] = content[0, -1:].astype(np.int64)
@@ -117,7 +123,8 @@ class SummaryStream:
         """Every chunk joined along its window axis, with the running accumulators: the decoder's memory."""
         whole = self.join(chunks)
         assert whole is not None, "memory() needs at least one chunk"
-        memory = {name: value for name, value in whole.items() if name != "source_ids"}
+        # the decoder reads float32 keys and values (the accumulators were summed in float32 all along)
+        memory = {name: value.astype(np.float32) for name, value in whole.items() if name != "source_ids"}
         for layer in range(self.layers):
             memory[f"kv{layer}"], memory[f"ksq{layer}"] = state[f"kv{layer}"], state[f"ksq{layer}"]
         return memory, whole["source_ids"]

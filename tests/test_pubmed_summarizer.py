@@ -1,6 +1,6 @@
 """The shipped long-document summarizer, srformer-pubmed, as served: a whole SumPubMed article streamed
 through a session gives exactly the one-shot summary, the answer says how much of the article the model
-read, and the session's stored state at 4,096 source tokens is what its chunk layout says.
+read, and the session's stored state at 4,096 source tokens is what its chunk layout says (keys and values in fp16).
 
 Runs where ../shared/data/sumpubmed is beside the checkout (CI: it is).
 """
@@ -61,6 +61,8 @@ def test_a_whole_article_streamed_through_a_session_equals_the_one_shot_summary(
             k: whole[k] for k in ("tokens_read", "tokens_total", "truncated", "summary_tokens")}
         # stored state: the bounded part plus, per source token, its id and each layer's key and value
         settings = model["manifest"]["settings"]
-        per_token = 8 + settings["n_layer"] * 2 * settings["n_head"] * settings["head_dim"] * 4
+        stored = {spec["name"]: spec["dtype"] for spec in settings["chunk_spec"]}
+        assert stored["k0"] == stored["v0"] == "float16"
+        per_token = 8 + settings["n_layer"] * 2 * settings["n_head"] * settings["head_dim"] * 2
         chunk_bytes = client.get(url).json()["state_bytes"]
         assert 4096 * per_token <= chunk_bytes <= 4096 * per_token + 256 * 1024

@@ -92,8 +92,10 @@ def test_stream_equals_whole_document(summarizer_factory, mode, max_source):
         enc = encode_windows(summarizer.encode_window.encoder, ids, c.encoder_window, c.bos_id, c.eos_id)[None]
         reference = summarizer.model.memory(enc, torch.ones(1, len(ids), dtype=torch.bool), ids[None])
     for layer, expected in enumerate(reference):
-        for kind in ("k", "v", "kv", "ksq"):
+        for kind in ("kv", "ksq"):  # the running accumulators: float32
             np.testing.assert_allclose(whole_memory[f"{kind}{layer}"], expected[kind].numpy(), rtol=1e-5, atol=1e-5)
+        for kind in ("k", "v"):  # keys and values are stored in float16 (about 3 significant digits)
+            np.testing.assert_allclose(whole_memory[f"{kind}{layer}"], expected[kind].numpy(), rtol=2e-3, atol=1e-3)
 
 
 def test_per_piece_state_write_is_bounded_by_piece_size(summarizer_factory):
@@ -102,7 +104,7 @@ def test_per_piece_state_write_is_bounded_by_piece_size(summarizer_factory):
     window = c.encoder_window
     state = summarizer.init_state()
     state_bytes = sum(value.nbytes for value in state.values())
-    per_token = 2 * c.n_layer * c.d_model * 4 + 8  # keys + values (float32) of every layer + the id
+    per_token = 2 * c.n_layer * c.d_model * 2 + 8  # keys + values (stored float16) of every layer + the id
     text_pieces = pieces(document(seed=5, words=200), seed=21)
     appended, chunks = 0, []
     for piece in text_pieces:
