@@ -127,7 +127,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     settings: Settings = app.state.settings
     for name in ("ClassifyRequest", "SummarizeRequest", "TextPiece"):
         components[name]["properties"]["text"]["maxLength"] = settings.max_text_chars
-    registry: ModelRegistry | None = getattr(app.state, "models", None)
+    registry: ModelRegistry | None = getattr(app.state, "registry", None)
     widths = sorted({len(m.manifest["settings"]["variables"]) for m in (registry.models if registry else {}).values()
                      if m.task == "forecast"})
     for name in ("ForecastRequest", "RowsPiece"):

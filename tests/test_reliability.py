@@ -199,7 +199,8 @@ def test_redis_out_of_memory_is_503_with_retry_after_and_not_ready(repository, k
             assert ready.status_code == 503 and "out of memory" in ready.json()["redis"]
         finally:
             admin.config_set("maxmemory", 0)
-        assert client.get("/readyz").status_code == 200
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["models_loaded"] == ready.json()["models_expected"] > 0
         assert client.get(f"/sessions/{session['id']}").json()["seq"] == 1  # nothing half-written
         assert client.post(url, json={"seq": 2, "rows": rows(8)}).status_code == 200
         admin.close()

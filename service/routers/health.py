@@ -53,7 +53,7 @@ async def readyz(request: Request, response: Response, store: StoreDep) -> Readi
         redis_status = "ok"
     except StateStoreUnavailable as error:
         redis_status = str(error)
-    registry = getattr(request.app.state, "models", None)
+    registry = getattr(request.app.state, "registry", None)
     loaded = registry.loaded_count() if registry is not None else 0
     expected = registry.expected_count() if registry is not None else 0
     ready = redis_status == "ok" and loaded == expected
