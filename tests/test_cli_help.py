@@ -26,3 +26,11 @@ def test_client_verbs_show_their_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["summarize", "--help"])
     assert "(default: http://127.0.0.1:8000)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_python_dash_m_rtserve_is_the_rtserve_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "rtserve", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "usage: rtserve {serve,train,eval" in done.stdout

@@ -1,0 +1,7 @@
+"""``python -m rtserve ...``: the same command as ``rtserve ...``."""
+
+import sys
+
+from rtserve.cli import main
+
+sys.exit(main())
