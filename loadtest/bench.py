@@ -553,25 +553,29 @@ async def run_decode(bench: Bench) -> dict[str, Any]:
 
 
 async def concurrent_vs_sequential(
-    bench: Bench, once: Callable[[bool], Awaitable[tuple[float, int]]]
+    bench: Bench, once: Callable[[bool], Awaitable[tuple[float, int]]], unit: str = "tokens",
+    count_key: str | None = "summary_tokens",
 ) -> dict[str, Any]:
-    """Summary tokens/s of ``once(concurrent)`` both ways, in alternating order, ``--repeats`` times; medians."""
+    """``unit``/s of ``once(concurrent)`` -> (seconds, units) both ways, in alternating order, ``--repeats``
+    times; medians. ``count_key`` also records each run's count of units."""
     repeats = []
     for repeat in range(bench.repeats):
         row: dict[str, Any] = {}
         for concurrent in in_turn(repeat, True, False):
-            seconds, tokens = await once(concurrent)
+            seconds, units = await once(concurrent)
             name = "concurrent" if concurrent else "sequential"
-            row[f"{name}_tokens_per_second"], row[f"{name}_summary_tokens"] = tokens / seconds, tokens
-        row["ratio"] = row["concurrent_tokens_per_second"] / row["sequential_tokens_per_second"]
-        log.info("  repeat %d: %.1f vs %.1f decode tokens/s", repeat + 1, row["concurrent_tokens_per_second"],
-                 row["sequential_tokens_per_second"])
+            row[f"{name}_{unit}_per_second"] = units / seconds
+            if count_key:
+                row[f"{name}_{count_key}"] = units
+        row["ratio"] = row[f"concurrent_{unit}_per_second"] / row[f"sequential_{unit}_per_second"]
+        log.info("  repeat %d: %.1f vs %.1f %s/s", repeat + 1, row[f"concurrent_{unit}_per_second"],
+                 row[f"sequential_{unit}_per_second"], unit)
         repeats.append(row)
-    concurrent_rate = median([r["concurrent_tokens_per_second"] for r in repeats])
-    sequential_rate = median([r["sequential_tokens_per_second"] for r in repeats])
+    concurrent_rate = median([r[f"concurrent_{unit}_per_second"] for r in repeats])
+    sequential_rate = median([r[f"sequential_{unit}_per_second"] for r in repeats])
     return {
-        "concurrent_tokens_per_second": concurrent_rate,
-        "sequential_tokens_per_second": sequential_rate,
+        f"concurrent_{unit}_per_second": concurrent_rate,
+        f"sequential_{unit}_per_second": sequential_rate,
         "ratio": concurrent_rate / sequential_rate,
         "repeats": repeats,
     }
@@ -604,28 +608,18 @@ async def run_rsa(bench: Bench) -> dict[str, Any]:
                                         bench.counts.rsa_piece_rows, bench.counts.rsa_extra_pieces)
     pieces = sum(len(s.pieces) for s in sessions)
     await forecast_flows(bench.client, model, sessions[:1], concurrent=False)  # warm-up, untimed
-    repeats = []
-    for repeat in range(bench.repeats):
-        row: dict[str, Any] = {}
-        for concurrent in in_turn(repeat, True, False):
-            await bench.settle()
-            seconds = await forecast_flows(bench.client, model, sessions, concurrent)
-            row["concurrent_pieces_per_second" if concurrent else "sequential_pieces_per_second"] = pieces / seconds
-        row["ratio"] = row["concurrent_pieces_per_second"] / row["sequential_pieces_per_second"]
-        log.info("  repeat %d: %.1f vs %.1f pieces/s", repeat + 1, row["concurrent_pieces_per_second"],
-                 row["sequential_pieces_per_second"])
-        repeats.append(row)
-    concurrent_rate = median([r["concurrent_pieces_per_second"] for r in repeats])
-    sequential_rate = median([r["sequential_pieces_per_second"] for r in repeats])
+
+    async def once(concurrent: bool) -> tuple[float, int]:
+        await bench.settle()
+        return await forecast_flows(bench.client, model, sessions, concurrent), pieces
+
+    rates = await concurrent_vs_sequential(bench, once, unit="pieces", count_key=None)
     return {
         "model": model,
         "sessions": len(sessions),
         "pieces": pieces,
         "rows_per_piece": bench.counts.rsa_piece_rows,
-        "concurrent_pieces_per_second": concurrent_rate,
-        "sequential_pieces_per_second": sequential_rate,
-        "ratio": concurrent_rate / sequential_rate,
-        "repeats": repeats,
+        **rates,
     }
 
 

@@ -48,22 +48,23 @@ def torch_segments(cutter: SegmentCutter, text: str) -> list[tuple[torch.Tensor,
 
 
 def batch_segments(
-    docs: list[list[tuple[torch.Tensor, torch.Tensor]]], segment_size: int
+    docs: list[list[tuple[torch.Tensor, torch.Tensor]]],
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-    """Per-document segment lists -> list over t of (ids (B,s), mask (B,s)) and counts (B,).
+    """Per-document segment lists -> list over t of stacked pairs (B, ...) and counts (B,).
 
-    Documents with fewer segments get all-padding segments, which ``step`` skips.
+    A pair is (ids (s,), mask (s,)) or, from the recipe's cache, (lower-layer states (s, d), mask (s,)).
+    Documents with fewer segments get all-zero (all-padding) segments, which ``step`` skips.
     """
     counts = torch.tensor([len(d) for d in docs], dtype=torch.long)
     T = int(counts.max()) if len(docs) else 0
     out = []
     for t in range(T):
-        ids = torch.zeros(len(docs), segment_size, dtype=torch.long)
-        mask = torch.zeros(len(docs), segment_size, dtype=torch.long)
+        first = next(d[t] for d in docs if t < len(d))
+        values, mask = (torch.zeros(len(docs), *x.shape, dtype=x.dtype) for x in first)
         for b, d in enumerate(docs):
             if t < len(d):
-                ids[b], mask[b] = d[t]
-        out.append((ids, mask))
+                values[b], mask[b] = d[t]
+        out.append((values, mask))
     return out, counts
 
 
@@ -73,7 +74,7 @@ def classify_documents(model: RMT, cutter: SegmentCutter, texts: list[str], batc
     probs = []
     for i in range(0, len(texts), batch_size):
         docs = [torch_segments(cutter, t) for t in texts[i : i + batch_size]]
-        segs, _ = batch_segments(docs, cutter.segment_size)
+        segs, _ = batch_segments(docs)
         state = model.init_state(len(docs))
         output: State = {}
         for ids, mask in segs:

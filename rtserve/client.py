@@ -58,14 +58,31 @@ def _error(response: httpx.Response) -> APIError:
     return APIError(response.status_code, body if isinstance(body, dict) else {"detail": str(body)})
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
-    return {"X-API-Key": api_key} if api_key else {}
-
-
 def _retry_after(response: httpx.Response | None, attempt: int, backoff: float) -> float:
     if response is not None and response.headers.get("retry-after", "").isdigit():
         return float(response.headers["retry-after"])
     return backoff * 2**attempt
+
+
+def _url_and_headers(url: str | None, api_key: str | None) -> tuple[str, dict[str, str]]:
+    """The server and the key header: arguments first, then ``RTSERVE_URL`` / ``RTSERVE_API_KEY``."""
+    api_key = api_key if api_key is not None else os.environ.get("RTSERVE_API_KEY")
+    return (url or os.environ.get("RTSERVE_URL") or DEFAULT_URL).rstrip("/"), {"X-API-Key": api_key} if api_key else {}
+
+
+_RETRY = object()  # what :func:`_answer` returns when the request should be sent again
+
+
+def _answer(response: httpx.Response | None, method: str, attempt: int, retries: int) -> Any:
+    """The JSON answer (None for 204), :data:`_RETRY`, or raises :class:`APIError`; ``response`` is None after
+    a transport error (re-raised by the caller on the last attempt)."""
+    if response is None or (response.status_code in RETRIED_STATUSES and attempt < retries):
+        return _RETRY
+    if response.status_code >= 400:
+        if method == "DELETE" and response.status_code == 404 and attempt > 0:
+            return None  # the first try deleted it, its answer was lost
+        raise _error(response)
+    return None if response.status_code == 204 else response.json()
 
 
 def _options(**options: Any) -> dict[str, Any]:
@@ -129,10 +146,9 @@ class Client:
 
     def __init__(self, url: str | None = None, api_key: str | None = None, timeout: float = 120.0, retries: int = 3,
                  backoff: float = 0.5, transport: httpx.BaseTransport | None = None) -> None:
-        self.url = (url or os.environ.get("RTSERVE_URL") or DEFAULT_URL).rstrip("/")
-        api_key = api_key if api_key is not None else os.environ.get("RTSERVE_API_KEY")
+        self.url, headers = _url_and_headers(url, api_key)
         self.retries, self.backoff = retries, backoff
-        self.http = httpx.Client(base_url=self.url, headers=_headers(api_key), timeout=timeout, transport=transport)
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
 
     def __enter__(self) -> Client:
         return self
@@ -152,13 +168,8 @@ class Client:
             except httpx.TransportError:
                 if attempt == self.retries:
                     raise
-            if response is not None:
-                if response.status_code not in RETRIED_STATUSES or attempt == self.retries:
-                    if response.status_code >= 400:
-                        if method == "DELETE" and response.status_code == 404 and attempt > 0:
-                            return None  # the first try deleted it, its answer was lost
-                        raise _error(response)
-                    return None if response.status_code == 204 else response.json()
+            if (answer := _answer(response, method, attempt, self.retries)) is not _RETRY:
+                return answer
             time.sleep(_retry_after(response, attempt, self.backoff))
         raise AssertionError("unreachable")
 
@@ -259,11 +270,9 @@ class AsyncClient:
 
     def __init__(self, url: str | None = None, api_key: str | None = None, timeout: float = 120.0, retries: int = 3,
                  backoff: float = 0.5, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.url = (url or os.environ.get("RTSERVE_URL") or DEFAULT_URL).rstrip("/")
-        api_key = api_key if api_key is not None else os.environ.get("RTSERVE_API_KEY")
+        self.url, headers = _url_and_headers(url, api_key)
         self.retries, self.backoff = retries, backoff
-        self.http = httpx.AsyncClient(base_url=self.url, headers=_headers(api_key), timeout=timeout,
-                                      transport=transport)
+        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -282,13 +291,8 @@ class AsyncClient:
             except httpx.TransportError:
                 if attempt == self.retries:
                     raise
-            if response is not None:
-                if response.status_code not in RETRIED_STATUSES or attempt == self.retries:
-                    if response.status_code >= 400:
-                        if method == "DELETE" and response.status_code == 404 and attempt > 0:
-                            return None
-                        raise _error(response)
-                    return None if response.status_code == 204 else response.json()
+            if (answer := _answer(response, method, attempt, self.retries)) is not _RETRY:
+                return answer
             await asyncio.sleep(_retry_after(response, attempt, self.backoff))
         raise AssertionError("unreachable")
 

@@ -254,16 +254,15 @@ class SessionStore:
     def _owner_key(self, quota: str) -> str:
         return f"{self.store.prefix}:owner:{quota}:sessions"
 
-    def _live_key(self, model: str, session_id: str) -> str:
-        """The live-index key ``session_id`` counts in: the model's one key, or its shard on a cluster."""
-        if self.live_shards == 1:
-            return f"{self.store.prefix}:live:{model}"
-        return f"{self.store.prefix}:live:{model}:{zlib.crc32(session_id.encode()) % self.live_shards}"
-
     def _live_keys(self, model: str) -> list[str]:
-        if self.live_shards == 1:
-            return [f"{self.store.prefix}:live:{model}"]
-        return [f"{self.store.prefix}:live:{model}:{shard}" for shard in range(self.live_shards)]
+        """The model's live-index keys: one on a single server, ``live_shards`` on a cluster."""
+        base = f"{self.store.prefix}:live:{model}"
+        return [base] if self.live_shards == 1 else [f"{base}:{shard}" for shard in range(self.live_shards)]
+
+    def _live_key(self, model: str, session_id: str) -> str:
+        """The live-index key ``session_id`` counts in."""
+        keys = self._live_keys(model)
+        return keys[zlib.crc32(session_id.encode()) % len(keys)]
 
     def _ttl(self, deadline: float) -> int:
         return max(1, min(self.settings.session_ttl_seconds, int(deadline - time.time())))

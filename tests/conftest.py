@@ -70,7 +70,7 @@ def forecast_repository(tiny_models: TinyModels) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="session")
 def classify_repository(tiny_models: TinyModels) -> tuple[Path, Path]:
-    """A tiny RMT over MiniLM (segments of 32 tokens, at most 6) alone, in ONNX: model ``rmt-tiny``."""
+    """A tiny RMT over MiniLM (segments of 32 tokens, built for 6, served reading all), in ONNX: ``rmt-tiny``."""
     return tiny_models.repository("rmt-tiny"), tiny_models.checkpoint("rmt-tiny")
 
 

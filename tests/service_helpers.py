@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
@@ -26,3 +32,26 @@ def random_pieces(items: list, rng: Any, max_piece: int) -> list[list]:
         pieces.append(items[start : start + size])
         start += size
     return pieces
+
+
+def start_rtserve(settings: dict[str, str], port: int, output: int | IO[str] | None = subprocess.DEVNULL,
+                  ready_path: str = "/readyz", timeout: float = 60) -> subprocess.Popen:
+    """``rtserve serve`` as a user runs it, in its own process, with the ``RTSERVE_*`` variables of ``settings``
+    only (none inherited); returns once ``ready_path`` answers 200. Fails the test if the process exits first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")} | settings
+    process = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)], env=env,
+                               stdout=output, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            text = process.stdout.read() if process.stdout else ""
+            pytest.fail(f"rtserve serve exited early ({process.returncode}):\n{text}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{ready_path}", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    pytest.fail(f"rtserve serve did not answer {ready_path} within {timeout:.0f} s")
+

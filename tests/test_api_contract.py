@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from export.exporter import export_checkpoint
 from tests.service_helpers import make_client
-from tests.tiny_checkpoints import VARIABLES, tiny_forecaster, tiny_rmt, tiny_srformer
+from tests.tiny_checkpoints import VARIABLES
 
 LOOKBACK = 32
 TEXT = ("Shares in the bank rose five per cent on Monday after it reported a rise in profits for the year. "
@@ -17,12 +16,8 @@ TEXT = ("Shares in the bank rose five per cent on Monday after it reported a ris
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("contract")
-    for checkpoint in (tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", LOOKBACK, 8),
-                       tiny_rmt(root / "weights" / "rmt-tiny"), tiny_srformer(root / "weights" / "srformer-tiny")):
-        export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    return root / "repository", None
+def repository(every_task_repository):
+    return every_task_repository, None  # the forecaster's look-back is LOOKBACK (tests/tiny_checkpoints.py)
 
 
 def rows(count):

@@ -12,10 +12,10 @@ import httpx
 import numpy as np
 import pytest
 
-from export.exporter import export_checkpoint
+from loadtest.chaos import free_port
 from rtserve.client import APIError, AsyncClient, Client
-from tests.test_serve_process import _free_port
-from tests.tiny_checkpoints import VARIABLES, tiny_forecaster, tiny_rmt, tiny_srformer
+from tests.service_helpers import start_rtserve
+from tests.tiny_checkpoints import VARIABLES
 
 KEY = "client-key"
 TEXT = ("Shares in the bank rose five per cent on Monday after it reported a rise in profits for the year. "
@@ -23,29 +23,15 @@ TEXT = ("Shares in the bank rose five per cent on Monday after it reported a ris
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, redis_url):
+def server(tmp_path_factory, every_task_repository, redis_url):
     root = tmp_path_factory.mktemp("client")
-    for checkpoint in (tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", 32, 8),
-                       tiny_rmt(root / "weights" / "rmt-tiny"), tiny_srformer(root / "weights" / "srformer-tiny")):
-        export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
-    env |= {"RTSERVE_MODEL_REPOSITORY": str(root / "repository"), "RTSERVE_REDIS_URL": redis_url,
-            "RTSERVE_REDIS_KEY_PREFIX": f"client-{os.getpid()}", "RTSERVE_API_KEYS": KEY,
-            "RTSERVE_LOG_FORMAT": "json", "RTSERVE_ACCESS_LOG": "true"}
-    port = _free_port()
+    port = free_port()
     log = root / "server.log"
     with open(log, "w") as output:
-        process = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)], env=env,
-                                   stdout=output, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
-    yield url, log
+        process = start_rtserve({"RTSERVE_MODEL_REPOSITORY": str(every_task_repository), "RTSERVE_REDIS_URL": redis_url,
+                                 "RTSERVE_REDIS_KEY_PREFIX": f"client-{os.getpid()}", "RTSERVE_API_KEYS": KEY,
+                                 "RTSERVE_LOG_FORMAT": "json", "RTSERVE_ACCESS_LOG": "true"}, port, output=output)
+    yield f"http://127.0.0.1:{port}", log
     process.terminate()
     process.wait(timeout=20)
 

@@ -12,9 +12,6 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from export.exporter import export_checkpoint
-from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
-
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "rtserve.json"
 GPU_ONLY = ("rtserve_gpu_", "rtserve_energy_joules")  # NVML families: absent, not zero, without a GPU
@@ -22,13 +19,8 @@ TEXT = "The senator said on Monday that the bill would pass the house. Critics d
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dashboard")
-    for checkpoint in (tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", 32, 8),
-                       tiny_rmt(root / "weights" / "rmt-tiny"),
-                       tiny_srformer(root / "weights" / "srformer-tiny")):
-        export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    return root / "repository", None
+def repository(every_task_repository):
+    return every_task_repository, None
 
 
 def queried_expressions() -> list[str]:

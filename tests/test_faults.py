@@ -9,19 +9,16 @@ with its embedded Redis.
 
 import argparse
 import asyncio
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from loadtest.chaos import RedisProcess, Replica, chaos, print_table
-from tests.test_serve_process import _free_port
+from loadtest.chaos import RedisProcess, Replica, chaos, free_port, print_table
+from tests.service_helpers import start_rtserve
 
 
 @pytest.fixture(scope="module")
@@ -127,20 +124,11 @@ def test_silent_and_half_sent_connections_are_closed(replica):
 
 
 def test_a_service_killed_by_sigkill_leaves_no_redis_server(tiny_repository, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
-    env |= {"RTSERVE_MODEL_REPOSITORY": str(tiny_repository), "RTSERVE_EMBEDDED_REDIS_DIR": str(tmp_path / "redis"),
-            "RTSERVE_LOG_LEVEL": "warning"}
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    settings = {"RTSERVE_MODEL_REPOSITORY": str(tiny_repository), "RTSERVE_EMBEDDED_REDIS_DIR": str(tmp_path / "redis"),
+                "RTSERVE_LOG_LEVEL": "warning"}
+    process = start_rtserve(settings, port)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
         redis_pid = int((tmp_path / "redis" / "owner.pid").read_text().split()[1])
     finally:
         process.send_signal(signal.SIGKILL)

@@ -8,18 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_serve_process import _free_port, _start
+from loadtest.chaos import free_port
+from tests.service_helpers import start_rtserve
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_locust_drives_one_shot_and_session_traffic_without_failures(forecast_repository, tmp_path, redis_url):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
-    env |= {"RTSERVE_MODEL_REPOSITORY": str(forecast_repository[0]), "RTSERVE_REDIS_URL": redis_url,
-            "RTSERVE_LOG_LEVEL": "warning"}
-    port = _free_port()
-    server = _start(env, port)
+    port = free_port()
+    server = start_rtserve({"RTSERVE_MODEL_REPOSITORY": str(forecast_repository[0]), "RTSERVE_REDIS_URL": redis_url,
+                            "RTSERVE_LOG_LEVEL": "warning"}, port, ready_path="/healthz", timeout=30)
     try:
         locust = Path(sys.executable).with_name("locust")
         result = subprocess.run(

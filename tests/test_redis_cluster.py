@@ -14,22 +14,18 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from export.exporter import export_checkpoint
 from service.sessions import LIVE_INDEX_SHARDS
 from tests.redis_cluster import LocalRedisCluster
 from tests.service_helpers import make_client, random_pieces
-from tests.tiny_checkpoints import VARIABLES, tiny_forecaster
+from tests.tiny_checkpoints import VARIABLES
 
 LOOKBACK, HORIZON = 32, 8
 PREFIX = "rtserve-cluster-test"
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cluster")
-    checkpoint = tiny_forecaster(root / "weights" / "rsa-tiny", "rsa", LOOKBACK, HORIZON)
-    export_checkpoint(checkpoint, root / "repository", formats=("onnx",))
-    return root / "repository", checkpoint
+def repository(forecast_repository):
+    return forecast_repository  # rsa-tiny: look-back LOOKBACK, horizon HORIZON (tests/tiny_checkpoints.py)
 
 
 @pytest.fixture

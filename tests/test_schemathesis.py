@@ -8,9 +8,6 @@ Bounded (a few examples per operation, about a minute): the issue's own run (~58
 
 import itertools
 import os
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -18,7 +15,8 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
-from tests.test_serve_process import _free_port  # noqa: E402
+from loadtest.chaos import free_port  # noqa: E402
+from tests.service_helpers import start_rtserve  # noqa: E402
 
 KEY = {"X-API-Key": "fuzz-key"}
 _turns = itertools.count()
@@ -26,22 +24,11 @@ _turns = itertools.count()
 
 @pytest.fixture(scope="module")
 def base_url(every_task_repository, redis_url):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
-    env |= {"RTSERVE_MODEL_REPOSITORY": str(every_task_repository), "RTSERVE_REDIS_URL": redis_url,
-            "RTSERVE_REDIS_KEY_PREFIX": "fuzz-" + str(os.getpid()), "RTSERVE_LOG_LEVEL": "warning",
-            "RTSERVE_API_KEYS": "fuzz-key"}
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.1)
-    yield url
+    port = free_port()
+    process = start_rtserve({"RTSERVE_MODEL_REPOSITORY": str(every_task_repository), "RTSERVE_REDIS_URL": redis_url,
+                             "RTSERVE_REDIS_KEY_PREFIX": "fuzz-" + str(os.getpid()), "RTSERVE_LOG_LEVEL": "warning",
+                             "RTSERVE_API_KEYS": "fuzz-key"}, port)
+    yield f"http://127.0.0.1:{port}"
     process.terminate()
     process.wait(timeout=20)
 

@@ -1,40 +1,16 @@
 """`rtserve serve` as a user runs it: a real process, a real port, SIGTERM to stop."""
 
-import os
 import signal
 import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _start(env: dict[str, str], port: int) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"server exited early:\n{process.stdout.read()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=0.5).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    pytest.fail("server did not answer /healthz within 30 s")
+from loadtest.chaos import free_port
+from tests.service_helpers import start_rtserve
 
 
 def _redis_answers(socket_path: Path) -> bool:
@@ -50,14 +26,13 @@ def _redis_answers(socket_path: Path) -> bool:
 
 @pytest.mark.parametrize("redis_mode", ["embedded", "external"])
 def test_serve_answers_health_ready_and_metrics_then_shuts_down_gracefully(redis_mode, redis_url, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
-    env["RTSERVE_MODEL_REPOSITORY"] = str(tmp_path / "empty-repository")
+    env = {"RTSERVE_MODEL_REPOSITORY": str(tmp_path / "empty-repository")}
     embedded_socket = tmp_path / "embedded-redis" / "redis.sock"
     env["RTSERVE_EMBEDDED_REDIS_DIR"] = str(embedded_socket.parent)  # read only when no URL is set
     if redis_mode == "external":
         env["RTSERVE_REDIS_URL"] = redis_url
-    port = _free_port()
-    process = _start(env, port)
+    port = free_port()
+    process = start_rtserve(env, port, output=subprocess.PIPE, ready_path="/healthz", timeout=30)
     try:
         base = f"http://127.0.0.1:{port}"
         ready = httpx.get(f"{base}/readyz", timeout=5)

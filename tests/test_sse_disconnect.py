@@ -12,9 +12,9 @@ import httpx
 import pytest
 import uvicorn
 
+from loadtest.chaos import free_port
 from service.app import create_app
 from service.settings import Settings
-from tests.test_serve_process import _free_port
 from tests.test_service_summarize import TEXT
 
 
@@ -30,7 +30,7 @@ class SlowCountingBackend:
 
 @pytest.fixture(scope="module")
 def server(summarize_repository, redis_url, key_prefix):
-    port = _free_port()
+    port = free_port()
     app = create_app(Settings(model_repository=summarize_repository[0], redis_url=redis_url,
                               redis_key_prefix=key_prefix))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

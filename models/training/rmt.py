@@ -35,7 +35,7 @@ from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.hyperpartisan import LABEL_NAMES, Article, load_articles, load_split, metrics
 from models.minilm import load_minilm_tokenizer
 from models.rmt import RMT, RMTConfig, cross_entropy, load_rmt, rmt_from_minilm, trained_state_dict
-from models.rmt_stream import classify_documents, torch_segments
+from models.rmt_stream import batch_segments, classify_documents, torch_segments
 from models.text_stream import SegmentCutter
 from models.training.common import hardware, seed_everything
 
@@ -95,20 +95,8 @@ def cached_batch(
     articles: list[Article], cache: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], max_segments: int
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
     """Padded per-t (lower states (B,s,d), mask (B,s)) and counts (B,) from the cache."""
-    docs = [[(h, m) for h, m in zip(cache[a.id][:max_segments], masks[a.id][:max_segments], strict=True)]
-            for a in articles]
-    counts = torch.tensor([len(d) for d in docs])
-    T = int(counts.max())
-    B, (s, d) = len(docs), cache[articles[0].id].shape[1:]
-    out = []
-    for t in range(T):
-        h = torch.zeros(B, s, d)
-        mask = torch.zeros(B, s, dtype=torch.long)
-        for b, doc in enumerate(docs):
-            if t < len(doc):
-                h[b], mask[b] = doc[t]
-        out.append((h, mask))
-    return out, counts
+    return batch_segments([list(zip(cache[a.id][:max_segments], masks[a.id][:max_segments], strict=True))
+                           for a in articles])
 
 
 @torch.no_grad()

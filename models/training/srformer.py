@@ -222,7 +222,7 @@ def summarize_examples(model: SRformer, examples: list[Example], tokenizer: obje
 def train_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train srformer",
-                                     description="Train an SRformer summarizer (BBC News Summary or SumPubMed).")
+        description="Train an SRformer summarizer (BBC News Summary or SumPubMed).")
     parser.add_argument("family", choices=["srformer"])
     parser.add_argument("--data", required=True, type=Path, help="bbc-news-summary or sumpubmed folder")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
