@@ -2,6 +2,9 @@
 
     .venv/bin/python benchmarks/cross_attention_cost.py [--d-model 128 --heads 4 --segment-size 16]
 
+Variants: full, segmented, SRformer with O_R = Q RAF(P) / norm(K) (Eq. 13) and with the kernel form
+(App. A.1 Eq. 22, ``recurrent_norm="kernel"``).
+
 For encoder lengths k = 1k, 4k, 16k and a summary of q = k * q_ratio tokens
 (default 1/8, the paper's Fig. 5 setting k = 8q), one decoder layer's
 cross-attention is stepped through all q tokens (Algorithm 1), batch 1, one
@@ -29,7 +32,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.srformer import CrossAttention, SRformerConfig, segment_index  # noqa: E402
+from models.srformer import CROSS_ATTENTION, CrossAttention, SRformerConfig, segment_index  # noqa: E402
+
+VARIANTS = {"full": {}, "segmented": {}, "srformer": {},
+            "srformer_kernel": {"cross_attention": "srformer", "recurrent_norm": "kernel"}}
 
 
 def run_summary(layer: CrossAttention, mem: dict[str, torch.Tensor], mask: torch.Tensor, queries: torch.Tensor,
@@ -63,12 +69,13 @@ def main() -> int:
         q = max(1, int(k * args.q_ratio))
         m = -(-k // args.segment_size)
         row: dict[str, object] = {"k": k, "q": q, "segments_m": m}
-        for mode in ("full", "srformer"):
-            config = SRformerConfig(cross_attention=mode, segment_size=args.segment_size, d_model=args.d_model,
-                                    n_head=args.heads)
-            layer = CrossAttention(config).eval()
+        dh = args.d_model // args.heads
+        for variant, options in VARIANTS.items():
+            config = SRformerConfig(**{"cross_attention": variant, **options}, segment_size=args.segment_size,
+                                    d_model=args.d_model, n_head=args.heads)
+            layer = CROSS_ATTENTION[config.cross_attention](config).eval()
             with torch.no_grad():
-                layer.q_proj = torch.nn.Identity()  # same cost in both modes: not counted
+                layer.q_proj = torch.nn.Identity()  # same cost in every variant: not counted
                 layer.o_proj = torch.nn.Identity()
                 enc = torch.randn(1, k, config.embed_dim)
                 mask = torch.ones(1, k, dtype=torch.bool)
@@ -84,27 +91,28 @@ def main() -> int:
                     started = time.perf_counter()
                     run_summary(layer, mem, mask, queries, m, q)
                     times.append(time.perf_counter() - started)
-            row[f"{mode}_flops_per_token"] = round(flops / q)
-            row[f"{mode}_us_per_token"] = round(1e6 * statistics.median(times) / q, 1)
-        dh = args.d_model // args.heads
-        kv_flops = 2 * k * args.heads * dh * dh  # K'V, accumulated at encode time
-        row["srformer_kv_flops_per_token_amortized"] = round(kv_flops / q)
-        row["flops_ratio_srformer_over_full"] = round(row["srformer_flops_per_token"] / row["full_flops_per_token"], 4)
-        row["flops_ratio_incl_kv"] = round(
-            (row["srformer_flops_per_token"] + row["srformer_kv_flops_per_token_amortized"])
-            / row["full_flops_per_token"], 4)
-        row["time_ratio_srformer_over_full"] = round(row["srformer_us_per_token"] / row["full_us_per_token"], 4)
+            row[f"{variant}_flops_per_token"] = round(flops / q)
+            row[f"{variant}_us_per_token"] = round(1e6 * statistics.median(times) / q, 1)
+            if variant.startswith("srformer"):
+                kv_flops = 2 * k * args.heads * dh * config.kv_columns  # K'V, accumulated at encode time
+                row[f"{variant}_kv_flops_per_token_amortized"] = round(kv_flops / q)
+                row[f"{variant}_flops_ratio_incl_kv"] = round(
+                    (row[f"{variant}_flops_per_token"] + kv_flops / q) / row["full_flops_per_token"], 4)
+            if variant != "full":
+                for unit, key in (("flops_per_token", "flops_ratio"), ("us_per_token", "time_ratio")):
+                    row[f"{variant}_{key}"] = round(row[f"{variant}_{unit}"] / row[f"full_{unit}"], 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    header = (f"{'k':>6} {'q':>5} | {'full FLOP/tok':>13} {'SRf FLOP/tok':>13} {'ratio':>6} {'incl KV':>7} | "
-              f"{'full us/tok':>11} {'SRf us/tok':>10} {'ratio':>6}")
     print(f"d_model={args.d_model} heads={args.heads} s={args.segment_size} q=k*{args.q_ratio} batch 1, 1 thread")
-    print(header)
+    print(f"{'k':>6} {'q':>5} {'variant':>16} | {'FLOP/tok':>11} {'vs full':>7} {'incl KV':>7} | "
+          f"{'us/tok':>8} {'vs full':>7}")
     for r in rows:
-        print(f"{r['k']:>6} {r['q']:>5} | {r['full_flops_per_token']:>13,} {r['srformer_flops_per_token']:>13,} "
-              f"{r['flops_ratio_srformer_over_full']:>6.3f} {r['flops_ratio_incl_kv']:>7.3f} | "
-              f"{r['full_us_per_token']:>11} {r['srformer_us_per_token']:>10} "
-              f"{r['time_ratio_srformer_over_full']:>6.3f}")
+        for variant in VARIANTS:
+            ratio = r.get(f"{variant}_flops_ratio", 1.0)
+            incl = r.get(f"{variant}_flops_ratio_incl_kv", ratio)
+            time_ratio = r.get(f"{variant}_time_ratio", 1.0)
+            print(f"{r['k']:>6} {r['q']:>5} {variant:>16} | {r[f'{variant}_flops_per_token']:>11,} {ratio:>7.3f} "
+                  f"{incl:>7.3f} | {r[f'{variant}_us_per_token']:>8} {time_ratio:>7.3f}")
     return 0
 
 

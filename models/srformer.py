@@ -64,6 +64,8 @@ from models.decoding import BeamSearch, GreedySearch, Search
 from models.segment import State
 
 MODES = ("full", "segmented", "srformer")
+RECURRENT_NORMS = ("norm_k", "kernel")
+RECURRENT_PARTS = ("raf", "linear", "off")
 NEG = -1e30  # additive mask value (finite: a fully masked row stays finite)
 
 
@@ -98,7 +100,12 @@ class SRformerConfig:
     copy: bool = True  # pointer over the attended segment mixed with the vocabulary (See et al. 2017)
     token_features: bool = True  # keys also see the previous source token's embedding, values the token's
     copy_bias: bool = True  # learned score bonus where the source continues the summary's last 1-2 tokens
-    recurrent_gate: bool = False  # O = O_S + g*O_R, g per head learned from 0 (Eq. 10's trainable weight)
+    recurrent_gate: bool = False  # O = O_S + g*O_R, g per head learned (Eq. 10's trainable weight) ...
+    gate_init: float = 0.0  # ... starting from this value
+    recurrent_norm: str = "norm_k"  # "norm_k": Q RAF(P) / norm(K) (Eq. 13); "kernel": App. A.1 Eq. (22), below
+    recurrent_part: str = "raf"  # "raf" (Sec. 3.3); ablations: "linear" (no RAF, paper's III), "off" (O_R = 0)
+    segmented_part: bool = True  # False: O = O_R only (the paper's ablation I; the copy pointer still reads S_i)
+    raf_threshold: float = 0.01  # the RAF threshold's initial value
     encoder_window: int = 510  # WordPiece tokens per encoder window (+ [CLS], [SEP] = 512)
     max_source: int = 1024  # tokens of a document read (training/eval truncation; 0 = all)
     bos_id: int = 101  # [CLS] starts the summary
@@ -112,6 +119,16 @@ class SRformerConfig:
             raise ValueError("d_model must be a multiple of n_head")
         if self.norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be 'pre' or 'post', not {self.norm_position!r}")
+        if self.recurrent_norm not in RECURRENT_NORMS:
+            raise ValueError(f"recurrent_norm must be one of {RECURRENT_NORMS}, not {self.recurrent_norm!r}")
+        if self.recurrent_part not in RECURRENT_PARTS:
+            raise ValueError(f"recurrent_part must be one of {RECURRENT_PARTS}, not {self.recurrent_part!r}")
+
+    @property
+    def kv_columns(self) -> int:
+        """Columns of the running K'V per head: the kernel form carries sum(phi(K)) as one more column."""
+        head_dim = self.d_model // self.n_head
+        return head_dim + 1 if self.cross_attention == "srformer" and self.recurrent_norm == "kernel" else head_dim
 
 
 def schedule_length(config: SRformerConfig, k_valid: torch.Tensor) -> torch.Tensor:
@@ -132,31 +149,61 @@ class RAF(nn.Module):
     x = Linear(P); mem = leak * mem + x; out = ReLU(mem - threshold);
     where it fired, mem -= threshold (soft reset). The leak (in (0, 1) through a
     sigmoid) and the threshold are learned per feature.
+
+    ``unit_gain`` (ours, for the kernel form of O_R): the input is scaled by (1 - leak), so a constant
+    input x leads the membrane to x (gain 1) rather than x / (1 - leak) (8.4 at the initial leak), and
+    the projection starts as the identity, so at initialisation RAF(P) is P smoothed over segments,
+    less the threshold.
     """
 
-    def __init__(self, dim: int, clamp: float):
+    def __init__(self, dim: int, clamp: float, threshold: float = 0.01, unit_gain: bool = False):
         super().__init__()
         self.proj = nn.Linear(dim, dim)
+        if unit_gain:
+            with torch.no_grad():
+                self.proj.weight.copy_(torch.eye(dim))
+                self.proj.bias.zero_()
         self.leak = nn.Parameter(torch.full((dim,), 2.0))  # sigmoid(2) = 0.88
-        self.threshold = nn.Parameter(torch.full((dim,), 0.01))
+        self.threshold = nn.Parameter(torch.full((dim,), threshold))
         self.clamp = clamp
+        self.unit_gain = unit_gain
 
     def forward(self, p: torch.Tensor, mem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.proj(p.clamp(-self.clamp, self.clamp))  # (..., dh, dh) App. A.3 clamp, projection
-        mem = torch.sigmoid(self.leak) * mem + x  # accumulate with leak
+        leak = torch.sigmoid(self.leak)
+        mem = leak * mem + ((1 - leak) * x if self.unit_gain else x)  # accumulate with leak
         out = F.relu(mem - self.threshold)  # fire
         fired = (mem > self.threshold).to(mem.dtype)
         return out, mem - self.threshold * fired  # soft reset
 
 
-def remaining_products(mem: Mapping[str, torch.Tensor], s: int) -> torch.Tensor:
-    """Eq. (16) for every segment i at once: P_i = K'V - K_Si'V_Si, (B, h, m, dh, dh)."""
+def phi(x: torch.Tensor) -> torch.Tensor:
+    """The kernel feature map of App. A.1 (Katharopoulos et al., 2020): elu(x) + 1 > 0."""
+    return F.elu(x) + 1
+
+
+def remaining_products(mem: Mapping[str, torch.Tensor], s: int, kernel_mask: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+    """Eq. (16) for every segment i at once: P_i = K'V - K_Si'V_Si, (B, h, m, dh, c).
+
+    With ``kernel_mask`` (B, k), the valid positions: the products of App. A.1 instead, phi(K)'[V, 1]
+    (c = dh + 1: the last column is sum(phi(K)), Eq. 22's divisor), ``mem["kv"]`` accumulated alike."""
     K, V = mem["k"], mem["v"]  # (B, h, k, dh), zero at masked positions
     B, h, k, dh = K.shape
     m = -(-k // s)
     Ks = F.pad(K, (0, 0, 0, m * s - k)).view(B, h, m, s, dh)  # (B, h, m, s, dh)
     Vs = F.pad(V, (0, 0, 0, m * s - k)).view(B, h, m, s, dh)
+    if kernel_mask is not None:
+        keep = F.pad(kernel_mask.to(K.dtype), (0, m * s - k)).view(B, 1, m, s, 1)  # (B, 1, m, s, 1)
+        return mem["kv"][:, :, None] - kernel_product(Ks, Vs, keep)
     return mem["kv"][:, :, None] - Ks.transpose(-2, -1) @ Vs
+
+
+def kernel_product(K: torch.Tensor, V: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """phi(K)'[V, 1] over the kept positions (..., n, dh) -> (..., dh, dh + 1): App. A.1's numerator
+    sum_j phi(K_j)' V_j and, as the last column, its divisor's sum_j phi(K_j) (Eq. 20-22)."""
+    phi_k = phi(K) * keep  # phi(0) = 1: masked positions must be dropped again
+    return phi_k.transpose(-2, -1) @ torch.cat([V, keep.expand(*V.shape[:-1], 1)], dim=-1)
 
 
 class CrossAttention(nn.Module):
@@ -217,7 +264,7 @@ class CrossAttention(nn.Module):
         if self.match is not None:  # a score bias, segmented with its keys like App. A.3's b_Si
             att = att + torch.einsum("hc,bctk->bhtk", self.match, match)
         att = att.masked_fill(~allow[:, None], neg(att.dtype)).softmax(dim=-1)
-        out = self._plus_recurrent(att @ V, Q, mem, seg)  # (B, h, T, dh) Eq. (5)/(6)
+        out = self._plus_recurrent(att @ V, Q, mem, mask, seg)  # (B, h, T, dh) Eq. (5)/(6)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, d)), att
 
     def _allowed(self, mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
@@ -225,7 +272,7 @@ class CrossAttention(nn.Module):
         return mask[:, None, :].expand(mask.shape[0], seg.shape[1], mask.shape[1])
 
     def _plus_recurrent(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
-                        seg: torch.Tensor) -> torch.Tensor:
+                        mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
         return out  # no recurrent part outside SRformer
 
     def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
@@ -247,7 +294,7 @@ class CrossAttention(nn.Module):
                      seg: torch.Tensor, context: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
         """Softmax attention of one step: output (B, h, 1, dh), weights (B, h, 1, n), positions read
-        (B, n), and the keys/values read (what the recurrent part subtracts)."""
+        (B, n), and the keys, values and validity (B, 1, n, 1) read (what the recurrent part subtracts)."""
         raise NotImplementedError
 
     def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
@@ -270,7 +317,7 @@ class FullCrossAttention(CrossAttention):
             att = att + torch.einsum("hc,bck->bhk", self.match, context)[:, :, None]
         att = att.masked_fill(~mask[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
         pos = torch.arange(k, device=Q.device).expand(B, k)
-        return att @ V, att, pos, (K, V)  # (B, h, 1, dh) Eq. (5)
+        return att @ V, att, pos, (K, V, mask[:, None, :, None].to(K.dtype))  # (B, h, 1, dh) Eq. (5)
 
 
 class SegmentedCrossAttention(CrossAttention):
@@ -298,69 +345,138 @@ class SegmentedCrossAttention(CrossAttention):
             seg_context = context.gather(2, pos.clamp(max=k - 1)[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
             att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]
         att = att.masked_fill(~valid[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
-        return att @ Vs, att, pos.clamp(max=k - 1), (Ks, Vs)  # (B, h, 1, dh) Eq. (6): O_S
+        return att @ Vs, att, pos.clamp(max=k - 1), (Ks, Vs, keep)  # (B, h, 1, dh) Eq. (6): O_S
 
 
 class SRformerCrossAttention(SegmentedCrossAttention):
     """``srformer``: segmented attention plus recurrent attention over the other segments through a RAF
-    neuron, O = O_S + O_R (Eq. 11; with ``recurrent_gate``, O_S + g O_R, Eq. 10's trainable weight)."""
+    neuron, O = O_S + O_R (Eq. 11; with ``recurrent_gate``, O_S + g O_R, Eq. 10's trainable weight).
+
+    O_R, by ``recurrent_norm``:
+    - ``norm_k`` (Eq. 13): Q_t RAF(P_i) / norm(K), P_i = K'V - K_Si'V_Si (Eq. 16).
+    - ``kernel`` (App. A.1, Eq. 22, with phi = elu + 1): phi(Q_t) RAF(P_i / c_i) / (phi(Q_t) z_i / c_i),
+      P_i = sum over the remaining positions R_i of phi(K_j)'V_j, z_i = sum over R_i of phi(K_j), and
+      c_i = mean(z_i) (ours: dividing both by the same scalar leaves Eq. 22 unchanged and gives the
+      RAF an input whose scale does not grow with the document, so its threshold means the same at
+      any length). The RAF runs with unit gain (:class:`RAF`). Without the RAF (``recurrent_part=
+      "linear"``) this is exactly Eq. 22, linear attention over R_i, on O_S's scale.
+    ``recurrent_part="off"`` zeroes O_R (the segmented model with these weights: a diagnostic), and
+    ``segmented_part=False`` drops O_S (the paper's ablation I).
+    """
 
     def __init__(self, config: SRformerConfig):
         super().__init__(config)
-        self.raf = RAF(self.dh, config.raf_clamp)
+        self.kernel = config.recurrent_norm == "kernel"
+        self.part = config.recurrent_part
+        self.segmented_part = config.segmented_part
+        if self.part == "off" and not self.segmented_part:
+            raise ValueError("recurrent_part='off' with segmented_part=False leaves no cross-attention")
+        self.raf = RAF(self.dh, config.raf_clamp, config.raf_threshold, unit_gain=self.kernel)
         # Eq. (10): a trainable weight on O_R; from 0 the model starts as the segmented one
-        self.gate = nn.Parameter(torch.zeros(config.n_head, 1, 1)) if config.recurrent_gate else None
+        self.gate = (nn.Parameter(torch.full((config.n_head, 1, 1), float(config.gate_init)))
+                     if config.recurrent_gate else None)
+        self.stats: dict[str, torch.Tensor] = {}  # of the last parallel forward: sizes of O_S, O_R; RAF firing
 
-    def _weighted(self, o_r: torch.Tensor) -> torch.Tensor:
-        return o_r if self.gate is None else self.gate * o_r
+    def memory(self, enc: torch.Tensor, mask: torch.Tensor, tok_emb: torch.Tensor,
+               prev_emb: torch.Tensor) -> dict[str, torch.Tensor]:
+        mem = super().memory(enc, mask, tok_emb, prev_emb)
+        if self.kernel:  # the running sums of Eq. (22): phi(K)'[V, 1], (B, h, dh, dh + 1)
+            mem["kv"] = kernel_product(mem["k"], mem["v"], mask[:, None, :, None].to(enc.dtype))
+        return mem
+
+    def _raf_input(self, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the RAF reads from P (..., dh, c), and for the kernel form the divisor z_i / c_i (..., dh)."""
+        if not self.kernel:
+            return P, None
+        z = P[..., -1]  # (..., dh): sum of phi(K_j) over R_i
+        c = z.mean(dim=-1, keepdim=True).clamp(min=tiny(P.dtype, 1e-6))  # (..., 1)
+        return P[..., :-1] / c[..., None], z / c
+
+    def _accumulate(self, x: torch.Tensor, membrane: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RAF(x) and the next membrane (Sec. 3.3), or x itself without the RAF (ablation III)."""
+        return self.raf(x, membrane) if self.part == "raf" else (x, membrane)
+
+    def _query_features(self, Q: torch.Tensor) -> torch.Tensor:
+        """What multiplies RAF(P): Q_t (Eq. 13) or phi(Q_t) (Eq. 22)."""
+        return phi(Q) if self.kernel else Q
+
+    def _normalised(self, numerator: torch.Tensor, features: torch.Tensor, z: torch.Tensor | None,
+                    mem: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """O_R (B, h, T, dh) from its numerator, the query features (B, h, T, dh) and, for the kernel form,
+        the divisor z (B, h, T, dh): divided by norm(K) (Eq. 13) or by phi(Q_t) z (Eq. 22)."""
+        if z is None:
+            return numerator / mem["ksq"].clamp(min=tiny(features.dtype, 1e-12)).sqrt()[:, :, None, None]
+        return numerator / (features * z).sum(dim=-1, keepdim=True).clamp(min=tiny(features.dtype, 1e-6))
+
+    def _combine(self, o_s: torch.Tensor, o_r: torch.Tensor) -> torch.Tensor:
+        """Eq. (11) O_S + O_R, or (10) O_S + g O_R; O_R alone without the segmented part."""
+        o_r = o_r if self.gate is None else self.gate * o_r
+        return o_s + o_r if self.segmented_part else o_r
 
     def _plus_recurrent(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
-                        seg: torch.Tensor) -> torch.Tensor:
-        """O_R for every step at once (Eq. 13, 16), the RAF run once per visited segment."""
+                        mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+        """O_R for every step at once (Eq. 13 or 22, Eq. 16), the RAF run once per visited segment."""
+        if self.part == "off":
+            return out
         B, h, k, dh = mem["k"].shape
         T = seg.shape[1]
-        P = remaining_products(mem, self.s)  # (B, h, m, dh, dh) Eq. (16)
+        P = remaining_products(mem, self.s, mask if self.kernel else None)  # (B, h, m, dh, c) Eq. (16)
+        x, z = self._raf_input(P)  # (B, h, m, dh, dh), divisor (B, h, m, dh)
         # Algorithm 1: the RAF updates only when the segment index changes (and at t = 0)
         change = torch.ones_like(seg, dtype=torch.bool)
         change[:, 1:] = seg[:, 1:] != seg[:, :-1]  # (B, T)
         rank = change.long().cumsum(dim=1) - 1  # (B, T): which update step t uses
         R = int(rank.max()) + 1
         visited = torch.zeros(B, R, dtype=torch.long, device=seg.device).scatter_(1, rank, seg)  # (B, R)
+        x_vis = x.gather(2, visited[:, None, :, None, None].expand(B, h, R, dh, dh))  # (B, h, R, dh, dh)
+        membrane = torch.zeros(B, h, dh, dh, dtype=Q.dtype, device=Q.device)  # reset at t = 0
+        fired = []
+        for r in range(R):
+            spikes, membrane = self._accumulate(x_vis[:, :, r], membrane)
+            fired.append(spikes)
+        raf_out = torch.stack(fired, dim=2)  # (B, h, R, dh, dh)
+        # features(Q_t) @ RAF(P) per step: scatter the queries into (R, L) blocks, one matmul, gather back
+        features = self._query_features(Q)  # (B, h, T, dh)
         steps = torch.arange(T, device=seg.device).expand(B, T)
         start = torch.where(change, steps, torch.zeros_like(steps)).cummax(dim=1).values
         offset = steps - start  # (B, T): position of t within its run of equal segment index
         L = int(offset.max()) + 1
-        idx = visited[:, None, :, None, None].expand(B, h, R, dh, dh)
-        P_vis = P.gather(2, idx)  # (B, h, R, dh, dh): P of the r-th visited segment
-        membrane = torch.zeros(B, h, dh, dh, dtype=Q.dtype, device=Q.device)  # reset at t = 0
-        fired = []
-        for r in range(R):
-            spikes, membrane = self.raf(P_vis[:, :, r], membrane)
-            fired.append(spikes)
-        raf_out = torch.stack(fired, dim=2)  # (B, h, R, dh, dh)
-        # Q_t @ RAF(P) per step: scatter the queries into (R, L) blocks, one matmul, gather back
         flat = (rank * L + offset)[:, None, :, None].expand(B, h, T, dh)  # (B, h, T, dh)
-        blocks = torch.zeros(B, h, R * L, dh, dtype=Q.dtype, device=Q.device).scatter(2, flat, Q)
-        o_r = blocks.view(B, h, R, L, dh) @ raf_out  # (B, h, R, L, dh)
-        o_r = o_r.view(B, h, R * L, dh).gather(2, flat)  # (B, h, T, dh)
-        norm_k = mem["ksq"].clamp(min=tiny(Q.dtype, 1e-12)).sqrt()[:, :, None, None]  # (B, h, 1, 1)
-        return out + self._weighted(o_r / norm_k)  # Eq. (13), (11)
+        blocks = torch.zeros(B, h, R * L, dh, dtype=Q.dtype, device=Q.device).scatter(2, flat, features)
+        numerator = (blocks.view(B, h, R, L, dh) @ raf_out).view(B, h, R * L, dh).gather(2, flat)  # (B, h, T, dh)
+        z_t = None if z is None else z.gather(2, seg[:, None, :, None].expand(B, h, T, dh))  # (B, h, T, dh)
+        o_r = self._normalised(numerator, features, z_t, mem)  # Eq. (13) / (22)
+        if self.training:
+            self.stats = {"o_s_rms": out.detach().pow(2).mean().sqrt(), "o_r_rms": o_r.detach().pow(2).mean().sqrt(),
+                          "raf_fired": (raf_out.detach() > 0).float().mean()}
+        return self._combine(out, o_r)  # Eq. (11)
 
     def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
                         read: tuple[torch.Tensor, ...], seg: torch.Tensor, prev: torch.Tensor,
                         membrane: torch.Tensor, raf_out: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        Ks, Vs = read  # (B, h, s, dh): the segment the softmax part read
+        if self.part == "off":
+            return out, membrane, raf_out
+        Ks, Vs, keep = read  # (B, h, s, dh), (B, 1, s, 1): the segment the softmax part read
         changed = (seg != prev)[:, None, None, None]  # update only when the index changes
+        z = None
+        if self.kernel:  # the divisor is read every step (s * dh); the (dh, dh) product only on change
+            z_rest = mem["kv"][..., -1] - (phi(Ks) * keep).sum(dim=-2)  # (B, h, dh)
+            c = z_rest.mean(dim=-1, keepdim=True).clamp(min=tiny(Q.dtype, 1e-6))  # (B, h, 1)
+            z = (z_rest / c)[:, :, None, :]  # (B, h, 1, dh)
         # eager mode skips the update when no row changed; traced/exported graphs always
         # compute it and select (same result, no data-dependent branch)
         if torch.jit.is_tracing() or torch.compiler.is_exporting() or bool(changed.any()):
-            P = mem["kv"] - Ks.transpose(-2, -1) @ Vs  # (B, h, dh, dh) Eq. (16)
-            new_out, new_membrane = self.raf(P, membrane)
+            if self.kernel:
+                x = (mem["kv"][..., :-1] - (phi(Ks) * keep).transpose(-2, -1) @ Vs) / c[..., None]  # Eq. (16)
+            else:
+                x = mem["kv"] - Ks.transpose(-2, -1) @ Vs  # (B, h, dh, dh) Eq. (16)
+            new_out, new_membrane = self._accumulate(x, membrane)
             raf_out = torch.where(changed, new_out, raf_out)
             membrane = torch.where(changed, new_membrane, membrane)
-        norm_k = mem["ksq"].clamp(min=tiny(Q.dtype, 1e-12)).sqrt()[:, :, None, None]  # (B, h, 1, 1)
-        return out + self._weighted((Q @ raf_out) / norm_k), membrane, raf_out  # Eq. (13), (11)
+        features = self._query_features(Q)  # (B, h, 1, dh)
+        o_r = self._normalised(features @ raf_out, features, z, mem)  # (B, h, 1, dh) Eq. (13) / (22)
+        return self._combine(out, o_r), membrane, raf_out  # Eq. (11)
 
 
 CROSS_ATTENTION: dict[str, type[CrossAttention]] = {
@@ -739,15 +855,16 @@ def warm_start_from_minilm(model: SRformer) -> None:
             block.ln_3.get_parameter(part).copy_(layer[f"LayerNorm.{part}"])
 
 
-def load_srformer(folder: str | None = None, config: SRformerConfig | None = None) -> SRformer:
-    """A model with MiniLM's word embeddings; decoder weights from a checkpoint folder if given."""
+def load_srformer(folder: str | None = None, config: SRformerConfig | None = None, **overrides: object) -> SRformer:
+    """A model with MiniLM's word embeddings; decoder weights from a checkpoint folder if given, its config
+    changed by ``overrides`` (e.g. ``recurrent_part="off"`` to score it with O_R zeroed)."""
     from models.checkpoint import load_checkpoint
     from models.minilm import minilm_state_dict
 
     state_dict = None
     if folder is not None:
         checkpoint = load_checkpoint(folder)
-        config = SRformerConfig(**checkpoint.config)
+        config = SRformerConfig(**{**checkpoint.config, **overrides})
         state_dict = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
     model = SRformer(config or SRformerConfig())
     model.wte.copy_(minilm_state_dict()["embeddings.word_embeddings.weight"])

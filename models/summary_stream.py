@@ -34,15 +34,17 @@ Arrays = dict[str, np.ndarray]
 CHUNK_DTYPE = "float16"  # stored keys and values: half the bytes per token (parity: docs/summarization.md)
 
 
-def state_and_chunk_specs(cutter: SegmentCutter, layers: int, heads: int, head_dim: int,
+def state_and_chunk_specs(cutter: SegmentCutter, layers: int, heads: int, head_dim: int, kv_columns: int,
                           chunk_dtype: str = CHUNK_DTYPE) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The session state (bounded) and the append-only chunk of one piece (grows with the document): the
-    window's ids and, per decoder layer, its cross-attention keys and values, stored as ``chunk_dtype``."""
+    window's ids and, per decoder layer, its cross-attention keys and values, stored as ``chunk_dtype``.
+    The running K'V has ``kv_columns`` columns per head (head_dim, or one more for the kernel form of
+    O_R, whose last column sums phi(K))."""
     state = [*cutter.state_spec(), TensorSpec("last_source_id", "int64", ("batch",)),
              TensorSpec("source_tokens", "int64", ("batch",))]
     chunk = [TensorSpec("source_ids", "int64", ("batch", "window"))]
     for layer in range(layers):
-        state += [TensorSpec(f"kv{layer}", "float32", ("batch", heads, head_dim, head_dim)),
+        state += [TensorSpec(f"kv{layer}", "float32", ("batch", heads, head_dim, kv_columns)),
                   TensorSpec(f"ksq{layer}", "float32", ("batch", heads))]
         chunk += [TensorSpec(f"k{layer}", chunk_dtype, ("batch", heads, "window", head_dim)),
                   TensorSpec(f"v{layer}", chunk_dtype, ("batch", heads, "window", head_dim))]

@@ -43,7 +43,8 @@ def test_entry_holds_graphs_manifest_and_state_spec(forecaster_entry):
 
 
 SHARED = {"forecast": "rsa-tiny", "classify": "rmt-tiny", "summarize": "srformer-tiny"}  # the run's tiny models
-VARIANTS = {"summarize-post-ln": lambda folder: tiny_srformer(folder / "srformer-post-tiny", norm_position="post")}
+VARIANTS = {"summarize-post-ln": lambda folder: tiny_srformer(folder / "srformer-post-tiny", norm_position="post"),
+            "summarize-kernel": lambda folder: tiny_srformer(folder / "srformer-kernel-tiny", recurrent_norm="kernel")}
 
 
 @pytest.fixture(scope="module", params=sorted([*SHARED, *VARIANTS]))

@@ -92,12 +92,19 @@ def test_remaining_product_eq16_equals_direct_sum_over_other_segments():
     assert P.abs().max() > 0.1
 
 
-@pytest.mark.parametrize("mode,gate", [("full", False), ("segmented", False), ("srformer", False),
-                                       ("srformer", True)])
+VARIANTS = [("full", {}), ("segmented", {}), ("srformer", {}), ("srformer", {"recurrent_gate": True}),
+            ("srformer", {"recurrent_norm": "kernel"}),
+            ("srformer", {"recurrent_norm": "kernel", "recurrent_gate": True}),
+            ("srformer", {"recurrent_norm": "kernel", "recurrent_part": "linear"}),
+            ("srformer", {"recurrent_norm": "kernel", "segmented_part": False}),
+            ("srformer", {"recurrent_part": "off"})]
+
+
+@pytest.mark.parametrize("mode,options", VARIANTS)
 @pytest.mark.parametrize("ratio", [0.5, 0.05])  # q >= m (segments shared) and q < m (segments skipped)
 @pytest.mark.parametrize("norm", ["pre", "post"])
-def test_step_by_step_equals_teacher_forced(mode, gate, ratio, norm):
-    model = tiny(mode, summary_ratio=ratio, recurrent_gate=gate, norm_position=norm)
+def test_step_by_step_equals_teacher_forced(mode, options, ratio, norm):
+    model = tiny(mode, summary_ratio=ratio, norm_position=norm, **options)
     fix_ids(model)
     data = batch(model, [45, 29, 8], k=45, T=24)  # T > q for the shorter documents: i clamps to m-1
     parallel = teacher_forced(model, *data)
@@ -109,9 +116,10 @@ def test_step_by_step_equals_teacher_forced(mode, gate, ratio, norm):
     assert torch.equal(finite, stepwise > -1e20)
 
 
-@pytest.mark.parametrize("mode", ["full", "segmented", "srformer"])
-def test_padded_encoder_positions_change_no_output(mode):
-    model = tiny(mode)
+@pytest.mark.parametrize("mode,options", [("full", {}), ("segmented", {}), ("srformer", {}),
+                                          ("srformer", {"recurrent_norm": "kernel"})])
+def test_padded_encoder_positions_change_no_output(mode, options):
+    model = tiny(mode, **options)
     fix_ids(model)
     enc, mask, source_ids, tokens = batch(model, [26, 26], k=26, T=20)
     g = torch.Generator().manual_seed(7)
@@ -128,6 +136,56 @@ def test_padded_encoder_positions_change_no_output(mode):
     greedy_a = model.generate(mem_a, mask, source_ids, max_len=15)
     greedy_b = model.generate(mem_b, mask_pad, ids_pad, max_len=15)
     assert greedy_a == greedy_b
+
+
+def test_kernel_products_sum_phi_k_v_and_phi_k_over_other_segments():
+    model = tiny("srformer", recurrent_norm="kernel")
+    enc, mask, _, _ = batch(model, [37, 22], k=37, T=1)
+    mem = model.memory(enc, mask, torch.randint(3, 60, mask.shape))[0]
+    s = model.config.segment_size
+    P = remaining_products(mem, s, mask)  # (B, h, m, dh, dh + 1)
+    K, V = mem["k"], mem["v"]
+    B, h, k, dh = K.shape
+    assert P.shape[-1] == dh + 1 == model.config.kv_columns
+    phi_k = torch.nn.functional.elu(K) + 1
+    for b in range(B):
+        for i in range(P.shape[2]):
+            others = [j for j in range(k) if j // s != i and bool(mask[b, j])]
+            numerator = sum(phi_k[b, :, j, :, None] * V[b, :, j, None, :] for j in others)  # (h, dh, dh)
+            divisor = sum(phi_k[b, :, j] for j in others)  # (h, dh)
+            torch.testing.assert_close(P[b, :, i, :, :dh], numerator, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(P[b, :, i, :, dh], divisor, atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_form_without_raf_is_linear_attention_over_the_other_segments():
+    """recurrent_part="linear": O_R = phi(Q_t) sum_R phi(K_j)'V_j / (phi(Q_t) sum_R phi(K_j)), Eq. (22)."""
+    model = tiny("srformer", recurrent_norm="kernel", recurrent_part="linear", n_layer=1)
+    enc, mask, source_ids, _ = batch(model, [30], k=30, T=1)
+    cross = model.blocks[0].cross
+    mem = model.memory(enc, mask, source_ids)[0]
+    x = torch.randn(1, 9, model.config.d_model, generator=torch.Generator().manual_seed(3))
+    seg = torch.tensor([[0, 0, 1, 2, 2, 3, 5, 7, 7]])
+    Q = cross.q_proj(x).view(1, 9, 2, 8).transpose(1, 2)  # (1, h, T, dh)
+    o_s = torch.zeros_like(Q)
+    o_r = cross._plus_recurrent(o_s, Q, mem, mask, seg)  # with O_S = 0: O_R alone
+    phi = torch.nn.functional.elu
+    for t in range(9):
+        others = [j for j in range(30) if j // 4 != int(seg[0, t])]
+        weights = ((phi(Q[0, :, t, None, :]) + 1) * (phi(mem["k"][0, :, others]) + 1)).sum(-1)  # (h, |R|)
+        expected = (weights[..., None] * mem["v"][0, :, others]).sum(1) / weights.sum(1, keepdim=True)
+        torch.testing.assert_close(o_r[0, :, t], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_recurrent_part_off_is_the_segmented_model_with_the_same_weights():
+    segmented = tiny("segmented")
+    off = tiny("srformer", recurrent_part="off")
+    missing = off.load_state_dict(segmented.state_dict(), strict=False).missing_keys
+    assert missing and all(".raf." in key for key in missing)
+    off.wte.copy_(segmented.wte)  # a buffer, not in the state dict
+    for model in (segmented, off):
+        fix_ids(model)
+    data = batch(segmented, [45, 29], k=45, T=20)
+    torch.testing.assert_close(teacher_forced(off, *data), teacher_forced(segmented, *data), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("mode", ["full", "srformer"])

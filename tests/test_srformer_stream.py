@@ -45,13 +45,13 @@ def pieces(text: str, seed: int) -> list[str]:
 def summarizer_factory():
     tokenizer = load_minilm_tokenizer()
 
-    def make(mode: str, max_source: int = 0) -> EagerSummarizer:
+    def make(mode: str, max_source: int = 0, **options: object) -> EagerSummarizer:
         torch.manual_seed(0)
         encoder = MiniLMEncoder(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                            intermediate_size=32, max_position_embeddings=64)).eval()
         config = SRformerConfig(cross_attention=mode, segment_size=8, embed_dim=16, d_model=16, n_layer=2,
                                 n_head=2, d_ff=32, max_target=64, dropout=0.0, encoder_window=20,
-                                max_source=max_source)
+                                max_source=max_source, **options)  # type: ignore[arg-type]
         model = SRformer(config).eval()
         with torch.no_grad():
             model.wte.normal_()
@@ -69,9 +69,10 @@ def read(summarizer: EagerSummarizer, parts: list[str]) -> tuple[dict, list]:
     return state, chunks
 
 
-@pytest.mark.parametrize("mode,max_source", [("srformer", 0), ("full", 0), ("srformer", 150)])
-def test_stream_equals_whole_document(summarizer_factory, mode, max_source):
-    summarizer = summarizer_factory(mode, max_source)
+@pytest.mark.parametrize("mode,max_source,options", [("srformer", 0, {}), ("full", 0, {}), ("srformer", 150, {}),
+                                                    ("srformer", 0, {"recurrent_norm": "kernel"})])
+def test_stream_equals_whole_document(summarizer_factory, mode, max_source, options):
+    summarizer = summarizer_factory(mode, max_source, **options)
     text = document(seed=3, words=160)
     whole = summarizer.summarize(text, max_len=12)
     assert len(whole) > 0

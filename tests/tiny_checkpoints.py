@@ -56,7 +56,7 @@ def tiny_rmt(folder: Path, segment_size: int = 32, max_segments: int = 6, seed: 
 
 
 def tiny_srformer(folder: Path, mode: str = "srformer", encoder_window: int = 24, seed: int = 0,
-                  max_source: int = 200, norm_position: str = "pre") -> Path:
+                  max_source: int = 200, norm_position: str = "pre", **options: object) -> Path:
     """A small random SRformer decoder over the pip-installed MiniLM encoder.
 
     Short encoder windows so a paragraph spans several windows; the decoder's word embeddings are
@@ -67,7 +67,7 @@ def tiny_srformer(folder: Path, mode: str = "srformer", encoder_window: int = 24
     torch.manual_seed(seed)
     config = SRformerConfig(cross_attention=mode, segment_size=8, d_model=32, n_layer=2, n_head=2, d_ff=64,
                             max_target=128, encoder_window=encoder_window, max_source=max_source, dropout=0.0,
-                            norm_position=norm_position)
+                            norm_position=norm_position, **options)  # type: ignore[arg-type]
     model = SRformer(config)
     extras = {"task": "summarize", "beams": 1, "no_repeat_ngram": 3}
     return save_checkpoint(folder, "srformer", config, model.state_dict(), extras)

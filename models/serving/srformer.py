@@ -2,8 +2,9 @@
 
 - ``encode_window``: (window_ids (B, w), first_prev (B,)) -> per decoder layer l: the window's
   cross-attention keys ``k{l}`` and values ``v{l}`` (B, h, w, dh) — appended to the session —
-  and its contributions ``kv{l}`` (B, h, dh, dh), ``ksq{l}`` (B, h) to the running K'V and
-  sum(K^2) accumulators (Eq. 15, 13). MiniLM reads the window as ``[CLS] w [SEP]`` (w <= 510).
+  and its contributions ``kv{l}`` (B, h, dh, c), ``ksq{l}`` (B, h) to the running K'V and
+  sum(K^2) accumulators (Eq. 15, 13; c = dh, or dh + 1 for the kernel form of O_R: phi(K)'[V, 1],
+  Eq. 22). MiniLM reads the window as ``[CLS] w [SEP]`` (w <= 510).
 - ``decode_step``: one step of Algorithm 1 — token, position, self-attention caches and RAF
   state in; log-probabilities over the document's candidate ids and the next caches out.
 
@@ -23,7 +24,7 @@ from models.minilm import load_minilm_encoder
 from models.segment import TensorSpec
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
-from models.srformer import SRformer, SRformerConfig, load_srformer
+from models.srformer import SRformer, SRformerConfig, kernel_product, load_srformer
 from models.summary_stream import Arrays, SummaryStream, state_and_chunk_specs
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
@@ -107,7 +108,8 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
                      torch.relu(torch.randn(batch, h, dh, dh, generator=generator)) * 0.1]
             K = torch.randn(batch, h, k, dh, generator=generator)
             V = torch.randn(batch, h, k, dh, generator=generator)
-            flat += [K, V, K.transpose(-2, -1) @ V, (K * K).sum(dim=(-2, -1))]
+            kv = kernel_product(K, V, torch.ones(batch, 1, k, 1)) if c.kv_columns > dh else K.transpose(-2, -1) @ V
+            flat += [K, V, kv, (K * K).sum(dim=(-2, -1))]
         return (token, t, mask, vocab_ids, torch.ones_like(vocab_ids, dtype=torch.bool), src_index, prev, last,
                 self_mask, *flat)
 
@@ -115,7 +117,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
     for layer in range(layers):
         window_outputs += [TensorSpec(f"k{layer}", "float32", ("batch", h, "window", dh)),
                            TensorSpec(f"v{layer}", "float32", ("batch", h, "window", dh)),
-                           TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, dh)),
+                           TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, c.kv_columns)),
                            TensorSpec(f"ksq{layer}", "float32", ("batch", h))]
     encode = Graph(
         name="encode_window",
@@ -152,7 +154,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         decode_inputs += cache_in[4 * layer: 4 * layer + 4] + [
             TensorSpec(f"k{layer}", "float32", ("batch", h, "source", dh)),
             TensorSpec(f"v{layer}", "float32", ("batch", h, "source", dh)),
-            TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, dh)),
+            TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, c.kv_columns)),
             TensorSpec(f"ksq{layer}", "float32", ("batch", h)),
         ]
     decode = Graph(
@@ -169,7 +171,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         axis_masks={"source": "mask", "vocab": "vocab_mask", "steps": "self_mask"},
         onnx_exporter="torchscript",  # varargs + dynamic shapes trip torch.export in torch 2.13
     )
-    state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh)
+    state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh, c.kv_columns)
     extras = checkpoint.extras
     decode_defaults = extras.get("decode", extras)  # the search settings chosen on dev, where recorded
     return Servable(
@@ -204,9 +206,10 @@ def stream_settings(c: SRformerConfig) -> dict[str, object]:
     """What :class:`SummaryStream` reads from a manifest: the schedule, the windows, the chunk layout."""
     h, dh = c.n_head, c.d_model // c.n_head
     cutter = stream_cutter(c)
-    _, chunk_spec = state_and_chunk_specs(cutter, c.n_layer, h, dh)
+    _, chunk_spec = state_and_chunk_specs(cutter, c.n_layer, h, dh, c.kv_columns)
     return {
         "cross_attention": c.cross_attention,
+        "recurrent_norm": c.recurrent_norm,
         "segment_size": c.segment_size,
         "summary_ratio": c.summary_ratio,
         "summary_length": c.summary_length,
@@ -238,7 +241,8 @@ class EagerSummarizer:
         self.tokenizer = tokenizer
         self.stream = SummaryStream(stream_settings(model.config), tokenizer)
         c = model.config
-        self.state_spec, _ = state_and_chunk_specs(stream_cutter(c), c.n_layer, c.n_head, c.d_model // c.n_head)
+        self.state_spec, _ = state_and_chunk_specs(stream_cutter(c), c.n_layer, c.n_head, c.d_model // c.n_head,
+                                                   c.kv_columns)
         self.window_outputs = [f"{kind}{layer}" for layer in range(c.n_layer) for kind in ("k", "v", "kv", "ksq")]
 
     def init_state(self) -> dict[str, np.ndarray]:

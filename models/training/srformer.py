@@ -27,7 +27,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -35,7 +35,14 @@ import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.summarization import corpus_name, corpus_of, rouge_scores
-from models.srformer import SRformer, SRformerConfig, load_srformer, warm_start_from_minilm
+from models.srformer import (
+    RECURRENT_NORMS,
+    RECURRENT_PARTS,
+    SRformer,
+    SRformerConfig,
+    load_srformer,
+    warm_start_from_minilm,
+)
 from models.training.common import hardware, seed_everything
 
 CACHE_ROOT = Path("cache")
@@ -182,6 +189,38 @@ def collate(model: SRformer, examples: list[Example], max_target: int
     return enc, mask, source, tokens, target_index, vocab_ids, vocab_mask, src_index
 
 
+def clipping_groups(model: SRformer, recurrent_apart: bool) -> dict[str, list[torch.nn.Parameter]]:
+    """Parameters clipped together (to norm 1): all of them, or the recurrent part's (RAF, gate) apart,
+    so that its gradients cannot scale down every other update (issue 16)."""
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    recurrent = [p for name, p in params.items() if recurrent_apart and (".raf." in name or name.endswith(".gate"))]
+    rest = [p for p in params.values() if all(p is not q for q in recurrent)]
+    return {"all": rest} if not recurrent else {"rest": rest, "recurrent": recurrent}
+
+
+class RecurrentDiagnostics:
+    """Per epoch: the clip factor of each gradient group (mean of min(1, 1 / norm)) and, per SRformer
+    layer, rms(O_R) / rms(O_S) and the share of RAF outputs that fired (of the batches seen)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.batches = 0
+
+    def add(self, model: SRformer, grad_norms: Mapping[str, float]) -> None:
+        values = {f"clip_factor_{name}": min(1.0, 1.0 / max(norm, 1e-12)) for name, norm in grad_norms.items()}
+        for layer, block in enumerate(model.blocks):
+            stats = getattr(block.cross, "stats", None)
+            if stats:
+                values[f"or_over_os_l{layer}"] = float(stats["o_r_rms"] / stats["o_s_rms"].clamp(min=1e-12))
+                values[f"raf_fired_l{layer}"] = float(stats["raf_fired"])
+        for key, value in values.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        self.batches += 1
+
+    def summary(self) -> dict[str, float]:
+        return {key: round(total / max(self.batches, 1), 4) for key, total in self.sums.items()}
+
+
 def batches(examples: list[Example], batch_size: int, rng: random.Random) -> list[list[Example]]:
     """Length-bucketed shuffled batches (less padding)."""
     order = sorted(examples, key=lambda e: len(e.source) + rng.random() * 60)
@@ -233,6 +272,15 @@ def train_main(argv: Sequence[str]) -> int:
                         help="fixed q for the schedule (and 1.25q decode cap) instead of the ratio; 0 = ratio")
     parser.add_argument("--recurrent-gate", action="store_true",
                         help="srformer: O = O_S + g O_R with g learned per head from 0 (Eq. 10)")
+    parser.add_argument("--gate-init", type=float, default=0.0, help="with --recurrent-gate: g's initial value")
+    parser.add_argument("--recurrent-norm", choices=RECURRENT_NORMS, default="norm_k",
+                        help="O_R: norm_k = Q RAF(P) / norm(K) (Eq. 13); kernel = App. A.1 Eq. (22), phi = elu + 1")
+    parser.add_argument("--recurrent-part", choices=RECURRENT_PARTS, default="raf",
+                        help="ablations: linear = no RAF (the paper's III), off = O_R zeroed")
+    parser.add_argument("--recurrent-only", action="store_true", help="O = O_R: no segmented part (ablation I)")
+    parser.add_argument("--raf-threshold", type=float, default=0.01, help="the RAF threshold's initial value")
+    parser.add_argument("--clip-recurrent-apart", action="store_true",
+                        help="clip the RAF and gate gradients (norm 1) apart from the rest (norm 1)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (initialisation, data order)")
     parser.add_argument("--epochs", type=int, default=8, help="passes over the training data")
     parser.add_argument("--time-budget", type=float, default=0, help="minutes; stop after the epoch that passes it")
@@ -268,7 +316,10 @@ def train_main(argv: Sequence[str]) -> int:
                      norm_position="post", layer_norm_eps=bert.layer_norm_eps)
     config = SRformerConfig(cross_attention=args.cross_attention, segment_size=args.segment_size,
                             summary_ratio=args.summary_ratio, summary_length=args.summary_length,
-                            recurrent_gate=args.recurrent_gate, n_layer=args.layers, **shape,
+                            recurrent_gate=args.recurrent_gate, gate_init=args.gate_init,
+                            recurrent_norm=args.recurrent_norm, recurrent_part=args.recurrent_part,
+                            segmented_part=not args.recurrent_only, raf_threshold=args.raf_threshold,
+                            n_layer=args.layers, **shape,
                             max_source=args.max_source, max_target=max(512, args.max_target + 1))
     model = load_srformer(config=config)
     if args.warm_start:
@@ -280,6 +331,7 @@ def train_main(argv: Sequence[str]) -> int:
     dev = load_examples(args.data, "dev", args.max_source, config.encoder_window)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+    clip_groups = clipping_groups(model, args.clip_recurrent_apart)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = args.epochs * steps_per_epoch
     warmup = max(1, min(200, total // 10))
@@ -294,11 +346,14 @@ def train_main(argv: Sequence[str]) -> int:
     for epoch in range(args.epochs):
         model.train()
         running, count = 0.0, 0
+        diagnostics = RecurrentDiagnostics()
         for group in batches(train, args.batch_size, rng):
             loss = loss_of(model, collate(model, group, args.max_target))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            norms = {name: float(torch.nn.utils.clip_grad_norm_(group_params, 1.0))
+                     for name, group_params in clip_groups.items()}
+            diagnostics.add(model, norms)
             optimizer.step()
             scheduler.step()
             running, count = running + float(loss), count + 1
@@ -313,7 +368,7 @@ def train_main(argv: Sequence[str]) -> int:
         scores = rouge_scores(texts, [e.reference for e in chosen])
         record = {"epoch": epoch + 1, "train_loss": round(running / max(count, 1), 4),
                   "dev_loss": round(dev_loss, 4), **{f"dev_{k}": v for k, v in scores.items()},
-                  "elapsed_s": round(time.time() - started, 1), **speed}
+                  "elapsed_s": round(time.time() - started, 1), **speed, **diagnostics.summary()}
         history.append(record)
         progress.write(json.dumps(record))
         if best is None or scores["rouge1"] > best:
@@ -352,11 +407,14 @@ def eval_main(argv: Sequence[str]) -> int:
     parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     parser.add_argument("--stream", action="store_true",
                         help="read text through the served stream (EagerSummarizer), not the cache")
+    parser.add_argument("--recurrent-part", choices=RECURRENT_PARTS, default=None,
+                        help="diagnostic: score the checkpoint with this recurrent part (off = O_R zeroed)")
     args = parser.parse_args(list(argv))
     from models.minilm import load_minilm_tokenizer
 
     torch.set_num_threads(args.threads)
-    model = load_srformer(str(args.checkpoint)).to("cpu" if args.stream else args.device)  # the stream runs on CPU
+    overrides = {} if args.recurrent_part is None else {"recurrent_part": args.recurrent_part}
+    model = load_srformer(str(args.checkpoint), **overrides).to("cpu" if args.stream else args.device)  # stream: CPU
     tokenizer = load_minilm_tokenizer()
     c = model.config
     if args.stream:
@@ -378,6 +436,7 @@ def eval_main(argv: Sequence[str]) -> int:
     scores = rouge_scores(texts, references)
     print(json.dumps({"checkpoint": str(args.checkpoint), "split": args.split, "n": len(texts),
                       "cross_attention": c.cross_attention, "segment_size": c.segment_size,
+                      "recurrent_norm": c.recurrent_norm, "recurrent_part": c.recurrent_part,
                       "beams": args.beams, "no_repeat_ngram": args.no_repeat_ngram,
                       "rouge1": scores["rouge1"], "rouge2": scores["rouge2"], "rougeL": scores["rougeL"],
                       **speed, "threads": args.threads}))
