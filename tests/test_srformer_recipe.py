@@ -5,7 +5,14 @@ import torch
 
 from models.minilm import load_minilm_encoder, load_minilm_tokenizer
 from models.srformer import SRformer, SRformerConfig, load_srformer, warm_start_from_minilm
-from models.training.srformer import Example, collate, loss_of, summarize_examples
+from models.training.srformer import (
+    Example,
+    RecurrentDiagnostics,
+    clipping_groups,
+    collate,
+    loss_of,
+    summarize_examples,
+)
 
 
 def _example(seed: int, length: int) -> Example:
@@ -29,6 +36,25 @@ def test_collate_loss_and_decode_run_on_a_tiny_model():
     assert torch.isfinite(loss) and model.embed_in.weight.grad is not None
     texts, speed = summarize_examples(model, examples, load_minilm_tokenizer(), batch_size=2)
     assert len(texts) == 2 and speed["generated_tokens_mean"] >= 1
+
+
+def test_recurrent_part_is_clipped_apart_and_its_size_logged():
+    torch.manual_seed(0)
+    model = SRformer(SRformerConfig(cross_attention="srformer", recurrent_norm="kernel", segment_size=4, embed_dim=16,
+                                    d_model=16, n_layer=2, n_head=2, d_ff=32, max_target=32, dropout=0.0)).train()
+    loss_of(model, collate(model, [_example(1, 30), _example(2, 19)], max_target=8)).backward()
+    together, apart = clipping_groups(model, False), clipping_groups(model, True)
+    every = {id(p) for p in model.parameters()}
+    assert {id(p) for p in together["all"]} == every
+    assert {id(p) for p in apart["recurrent"]} == {id(p) for n, p in model.named_parameters() if ".raf." in n}
+    assert {id(p) for p in apart["rest"]} | {id(p) for p in apart["recurrent"]} == every
+    diagnostics = RecurrentDiagnostics()
+    diagnostics.add(model, {name: float(torch.nn.utils.clip_grad_norm_(group, 1.0)) for name, group in apart.items()})
+    summary = diagnostics.summary()
+    assert set(summary) == {"clip_factor_rest", "clip_factor_recurrent", "or_over_os_l0", "or_over_os_l1",
+                            "raf_fired_l0", "raf_fired_l1"}
+    assert 0 < summary["or_over_os_l0"] and 0 <= summary["raf_fired_l0"] <= 1
+    assert 0 < summary["clip_factor_rest"] <= 1
 
 
 def test_warm_start_copies_minilm_layers_bert2bert_style():
