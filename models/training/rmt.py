@@ -6,6 +6,9 @@
     rtserve train rmt ... --fit-on train+dev  # refit a dev-chosen recipe on train+dev, last epoch kept
     rtserve eval runs/rmt-s4-seed0 --data ../shared/data/hyperpartisan --split test
     python -m models.training.rmt tfidf --data ../shared/data/hyperpartisan   # TF-IDF + LR baseline
+    python -m models.training.rmt cv --data ../shared/data/hyperpartisan --folds 5 --segments 8 --out runs/cv/x.json
+    python -m models.training.rmt tfidf-cv --data ../shared/data/hyperpartisan --folds 5 --out runs/cv/tfidf.json
+    python -m models.training.rmt cv-ensemble runs/cv/x.json runs/cv/y.json --data ... --out runs/cv/x+y.json
 
 Recipe (CPU-sized, see docs/classification.md): MiniLM-L6 backbone; layers
 below ``memory_layer`` frozen, their outputs for every segment computed once
@@ -15,6 +18,12 @@ macro-F1 is kept (test is never looked at). ``--fit-on train+dev`` refits a
 recipe chosen that way on train and dev together for a fixed number of epochs,
 as the TF-IDF baseline is fitted. The checkpoint holds only what training
 changed (fp16), the rest is rebuilt from the pip package.
+
+``cv`` and ``tfidf-cv`` score a recipe by stratified k-fold cross-validation over
+the train+dev articles (``cv_folds``: the same folds for both): each fold's model
+is trained on the other folds exactly as ``--fit-on train+dev`` trains (fixed
+epochs, last kept; TF-IDF's C chosen by an inner CV of the training part) and
+scored on the held-out fold, and on test.
 """
 
 from __future__ import annotations
@@ -26,8 +35,9 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,6 +48,11 @@ from models.rmt import RMT, RMTConfig, cross_entropy, load_rmt, rmt_from_minilm,
 from models.rmt_stream import batch_segments, classify_documents, torch_segments
 from models.text_stream import SegmentCutter
 from models.training.common import hardware, seed_everything
+
+if TYPE_CHECKING:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
 
 CACHE_SEGMENTS = 16  # lower-layer states are cached for the first 16 segments (2,016 tokens) of every article
 
@@ -100,26 +115,32 @@ def cached_batch(
 
 
 @torch.no_grad()
+def proba_cached(
+    model: RMT, articles: list[Article], cache: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
+    batch_size: int = 16, max_segments: int | None = None,
+) -> torch.Tensor:
+    """(N, C) class probabilities reading at most ``max_segments`` cached segments (default: as trained)."""
+    model.eval()
+    n = max_segments or model.config.max_segments
+    probs = []
+    for i in range(0, len(articles), batch_size):
+        segs, counts = cached_batch(articles[i : i + batch_size], cache, masks, n)
+        probs.append(model.forward_segments(segs, counts, lower_cached=True).softmax(-1))
+    return torch.cat(probs) if probs else torch.zeros(0, len(LABEL_NAMES))
+
+
 def predict_cached(
     model: RMT, articles: list[Article], cache: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
     batch_size: int = 16,
 ) -> list[int]:
-    model.eval()
-    preds: list[int] = []
-    for i in range(0, len(articles), batch_size):
-        segs, counts = cached_batch(articles[i : i + batch_size], cache, masks, model.config.max_segments)
-        preds += model.forward_segments(segs, counts, lower_cached=True).argmax(-1).tolist()
-    return preds
+    return proba_cached(model, articles, cache, masks, batch_size).argmax(-1).tolist()
 
 
 # ---- train ---------------------------------------------------------------------------------
-def train_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train rmt",
-        description="Train the RMT Hyperpartisan classifier.")
-    parser.add_argument("family", choices=["rmt"])
+def recipe_parser() -> argparse.ArgumentParser:
+    """The recipe's flags, shared by ``train`` and ``cv`` (``add_help=False``: a parent parser)."""
+    parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--data", required=True, type=Path, help="articles.xml, ground-truth.xml, splits.json")
-    parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument("--segments", type=int, default=4, help="segments read per article")
     parser.add_argument("--seed", type=int, default=0, help="random seed (initialisation, data order)")
     parser.add_argument("--memory-reset", action="store_true", help="baseline: reset the memory at every segment")
@@ -135,32 +156,33 @@ def train_main(argv: Sequence[str]) -> int:
     parser.add_argument("--lr-new", type=float, default=1e-3, help="for memory and head")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     parser.add_argument("--cache-dir", type=Path, default=Path("runs/cache"))
-    parser.add_argument(
-        "--fit-on", choices=["train", "train+dev"], default="train",
-        help="train: keep the epoch with the best dev macro-F1; train+dev: refit a recipe chosen on dev "
-        "(as the TF-IDF baseline is) for exactly --epochs epochs and keep the last (no dev scores)",
-    )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def recipe_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> RMTConfig:
+    """Checks the recipe flags (``--truncate`` sets one segment) and returns the model config."""
     torch.set_num_threads(args.threads)
     if args.truncate:
         args.segments = 1
     if args.segments > CACHE_SEGMENTS:
         parser.error(f"--segments at most {CACHE_SEGMENTS}")
-    seed_everything(args.seed)
-    config = RMTConfig(
+    return RMTConfig(
         memory_size=args.memory_size, segment_size=args.segment_size, max_segments=args.segments,
         memory_layer=args.memory_layer, bptt_segments=args.bptt, gradient_checkpointing=args.gradient_checkpointing,
         memory_reset=args.memory_reset, label_names=list(LABEL_NAMES),
     )
-    model = rmt_from_minilm(config, seed=args.seed)
-    cache = lower_cache(model, args.data, args.cache_dir)
-    masks = lower_masks(args.data, config.segment_size)
-    train, dev = load_split(args.data, "train"), load_split(args.data, "dev")
-    refit = args.fit_on == "train+dev"
-    if refit:
-        train, dev = train + dev, []
 
-    k = config.memory_layer
+
+def train_epochs(
+    model: RMT, train: list[Article], cache: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
+    args: argparse.Namespace, desc: str = "rmt",
+) -> Iterator[dict]:
+    """The training loop: freezes the layers below memory_layer, then trains ``args.epochs`` passes.
+
+    Yields after every epoch ``{"epoch", "train_loss", "elapsed_s"}`` with the model in its
+    state after that epoch, so the caller scores, selects and saves.
+    """
+    k = model.config.memory_layer
     for name, p in model.named_parameters():
         p.requires_grad = not name.startswith("encoder.") or (
             name.startswith("encoder.layer.") and int(name.split(".")[2]) >= k
@@ -177,8 +199,7 @@ def train_main(argv: Sequence[str]) -> int:
     from tqdm import tqdm
 
     rng = random.Random(args.seed)
-    best, history, started = None, [], time.time()
-    desc = f"rmt s={config.max_segments}{' reset' if config.memory_reset else ''}"
+    started = time.time()
     progress = tqdm(total=steps, desc=desc, file=sys.stderr)
     for epoch in range(args.epochs):
         model.train()
@@ -187,7 +208,7 @@ def train_main(argv: Sequence[str]) -> int:
         total = 0.0
         for i in range(0, len(order), args.batch_size):
             batch = order[i : i + args.batch_size]
-            segs, counts = cached_batch(batch, cache, masks, config.max_segments)
+            segs, counts = cached_batch(batch, cache, masks, model.config.max_segments)
             logits = model.forward_segments(segs, counts, lower_cached=True)
             loss = cross_entropy(logits, torch.tensor([a.label for a in batch]))
             optimizer.zero_grad()
@@ -198,12 +219,42 @@ def train_main(argv: Sequence[str]) -> int:
             total += loss.item() * len(batch)
             progress.update(1)
             progress.set_postfix(loss=f"{loss.item():.3f}")
+        yield {"epoch": epoch + 1, "train_loss": total / len(train), "elapsed_s": round(time.time() - started, 1)}
+    progress.close()
+
+
+def train_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train rmt", parents=[recipe_parser()],
+        description="Train the RMT Hyperpartisan classifier.")
+    parser.add_argument("family", choices=["rmt"])
+    parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
+    parser.add_argument(
+        "--fit-on", choices=["train", "train+dev"], default="train",
+        help="train: keep the epoch with the best dev macro-F1; train+dev: refit a recipe chosen on dev "
+        "(as the TF-IDF baseline is) for exactly --epochs epochs and keep the last (no dev scores)",
+    )
+    args = parser.parse_args(argv)
+    config = recipe_config(args, parser)
+    seed_everything(args.seed)
+    model = rmt_from_minilm(config, seed=args.seed)
+    cache = lower_cache(model, args.data, args.cache_dir)
+    masks = lower_masks(args.data, config.segment_size)
+    train, dev = load_split(args.data, "train"), load_split(args.data, "dev")
+    refit = args.fit_on == "train+dev"
+    if refit:
+        train, dev = train + dev, []
+
+    best, history, started = None, [], time.time()
+    desc = f"rmt s={config.max_segments}{' reset' if config.memory_reset else ''}"
+    for row in train_epochs(model, train, cache, masks, args, desc):
+        epoch = row["epoch"] - 1
         dev_scores = {} if refit else metrics([a.label for a in dev], predict_cached(model, dev, cache, masks))
         history.append({
-            "epoch": epoch + 1, "train_loss": total / len(train),
+            "epoch": row["epoch"], "train_loss": row["train_loss"],
             **{f"dev_{k2}": v for k2, v in dev_scores.items()}, "elapsed_s": round(time.time() - started, 1),
         })
-        progress.write(json.dumps(history[-1]))
+        print(json.dumps(history[-1]), file=sys.stderr)
         if refit:  # no dev left to select on: the last epoch
             keep = epoch + 1 == args.epochs
         else:
@@ -220,13 +271,151 @@ def train_main(argv: Sequence[str]) -> int:
                 "hardware": hardware(args.threads),
             }
             save_checkpoint(args.out, "rmt", config, trained_state_dict(model), extras)
-    progress.close()
     # rewrite extras with the full history (weights of the best epoch stay)
     doc = json.loads((args.out / "config.json").read_text())
     doc["extras"]["history"] = history
     doc["extras"]["total_train_seconds"] = round(time.time() - started, 1)
     (args.out / "config.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     print(json.dumps({"out": str(args.out), "best": best, "train_seconds": round(time.time() - started, 1)}))
+    return 0
+
+
+# ---- cross-validation ----------------------------------------------------------------------
+def cv_folds(articles: Sequence[Article], k: int, seed: int = 0) -> list[list[str]]:
+    """Stratified, seeded k folds of article ids: each label's ids (sorted, then shuffled with
+    ``seed``) are dealt round-robin, so every fold holds ~1/k of each label. Independent of
+    the articles' order."""
+    folds: list[list[str]] = [[] for _ in range(k)]
+    start = 0
+    for label in sorted({a.label for a in articles}):
+        ids = sorted(a.id for a in articles if a.label == label)
+        random.Random(f"{seed}-{label}").shuffle(ids)
+        for i, article_id in enumerate(ids):
+            folds[(start + i) % k].append(article_id)
+        start += len(ids)  # the next label continues the deal where this one stopped: fold sizes differ by <= 1
+    return [sorted(f) for f in folds]
+
+
+def fold_parts(articles: Sequence[Article], folds: list[list[str]], i: int) -> tuple[list[Article], list[Article]]:
+    """(training part, held-out fold i), each in the articles' order."""
+    held = set(folds[i])
+    return [a for a in articles if a.id not in held], [a for a in articles if a.id in held]
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    """Mean and sample standard deviation (n - 1)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return {"mean": mean, "sd": sd}
+
+
+def cv_report(result: dict, readings: Sequence[str]) -> dict:
+    """Adds ``summary``: mean ± sample sd over folds of every reading's held-out and test scores."""
+    result["summary"] = {
+        f"{part}_{reading}": {m: summarize([f[part][reading][m] for f in result["folds"]])
+                              for m in ("macro_f1", "accuracy")}
+        for part in ("heldout", "test") for reading in readings
+    }
+    return result
+
+
+def print_cv(result: dict) -> None:
+    for f in result["folds"]:
+        cells = "  ".join(f"{part}/{r}: F1 {f[part][r]['macro_f1']:.3f} acc {f[part][r]['accuracy']:.3f}"
+                          for part in ("heldout", "test") for r in f[part])
+        print(f"fold {f['fold']} (n={f['n_heldout']}): {cells}", file=sys.stderr)
+    for name, s in result["summary"].items():
+        print(f"{name}: macro-F1 {s['macro_f1']['mean']:.3f} ± {s['macro_f1']['sd']:.3f}, "
+              f"accuracy {s['accuracy']['mean']:.3f} ± {s['accuracy']['sd']:.3f}", file=sys.stderr)
+
+
+def scored(articles: list[Article], p_hyper: Sequence[float]) -> dict[str, float]:
+    return metrics([a.label for a in articles], [int(p > 0.5) for p in p_hyper])
+
+
+def cv_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="python -m models.training.rmt cv",
+        parents=[recipe_parser()],
+        description="k-fold cross-validation of the RMT recipe over train+dev (each fold trained like "
+        "--fit-on train+dev: fixed epochs, last kept), scored on the held-out fold and on test.")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--fold-seed", type=int, default=0, help="seed of the fold assignment (not the model's)")
+    parser.add_argument("--only-folds", type=int, nargs="*", default=None, help="run these fold indices only")
+    parser.add_argument("--out", required=True, type=Path, help="JSON file to write (rewritten after every fold)")
+    args = parser.parse_args(argv)
+    config = recipe_config(args, parser)
+    pool = load_split(args.data, "train") + load_split(args.data, "dev")
+    test = load_split(args.data, "test")
+    folds = cv_folds(pool, args.folds, args.fold_seed)
+    # two readings: as trained (max_segments) and every cached segment (up to CACHE_SEGMENTS)
+    readings = {"as_trained": config.max_segments, "all_cached": CACHE_SEGMENTS}
+    result = {
+        "model": "rmt", "recipe": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "protocol": f"stratified {args.folds}-fold CV over train+dev ({len(pool)} articles), fold seed "
+        f"{args.fold_seed}; each fold trained on the other folds for {args.epochs} epochs, last epoch kept",
+        "readings": {"as_trained": f"first {config.max_segments} segment(s), as trained",
+                     "all_cached": f"every cached segment (first {CACHE_SEGMENTS}, {CACHE_SEGMENTS * 126} tokens)"},
+        "hardware": hardware(args.threads), "fold_ids": folds, "folds": [],
+    }
+    cache = masks = None
+    for i in range(args.folds) if args.only_folds is None else args.only_folds:
+        seed_everything(args.seed)
+        model = rmt_from_minilm(RMTConfig(**vars(config)), seed=args.seed)
+        if cache is None:
+            cache = lower_cache(model, args.data, args.cache_dir)
+            masks = lower_masks(args.data, config.segment_size)
+        train, held = fold_parts(pool, folds, i)
+        history = [{**row, "train_loss": round(row["train_loss"], 5)}
+                   for row in train_epochs(model, train, cache, masks, args, f"fold {i}")]
+        fold = {"fold": i, "n_train": len(train), "n_heldout": len(held), "train_seconds": history[-1]["elapsed_s"],
+                "history": history, "heldout": {}, "test": {}, "p_hyperpartisan": {}}
+        for reading, n in readings.items():
+            for part, articles in (("heldout", held), ("test", test)):
+                p = proba_cached(model, articles, cache, masks, max_segments=n)[:, 1].tolist()
+                fold[part][reading] = scored(articles, p)
+                fold["p_hyperpartisan"].setdefault(part, {})[reading] = {
+                    a.id: round(x, 6) for a, x in zip(articles, p, strict=True)}
+        result["folds"].append(fold)
+        print(json.dumps({k: fold[k] for k in ("fold", "train_seconds", "heldout", "test")}), file=sys.stderr)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(cv_report(result, list(readings)), indent=1) + "\n")
+    print_cv(result)
+    print(json.dumps(result["summary"]))
+    return 0
+
+
+def cv_ensemble_main(argv: Sequence[str]) -> int:
+    """Scores the average of several ``cv`` runs' probabilities (a seed ensemble), fold by fold,
+    without retraining: the runs must share their folds."""
+    parser = argparse.ArgumentParser(prog="python -m models.training.rmt cv-ensemble")
+    parser.add_argument("runs", nargs="+", type=Path, help="JSON files written by cv on the same folds")
+    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    runs = [json.loads(r.read_text()) for r in args.runs]
+    if any(r["fold_ids"] != runs[0]["fold_ids"] for r in runs):
+        parser.error("the runs were made on different folds")
+    by_id = {a.id: a for a in load_articles(args.data)}
+    readings = list(runs[0]["readings"])
+    n_folds = min(len(r["folds"]) for r in runs)
+    result = {"model": "ensemble (mean probability)", "members": [str(r) for r in args.runs],
+              "fold_ids": runs[0]["fold_ids"], "readings": runs[0]["readings"], "folds": []}
+    for i in range(n_folds):
+        members = [next(f for f in r["folds"] if f["fold"] == i) for r in runs]
+        fold = {"fold": i, "n_heldout": members[0]["n_heldout"], "heldout": {}, "test": {}}
+        for part in ("heldout", "test"):
+            for reading in readings:
+                ids = list(members[0]["p_hyperpartisan"][part][reading])
+                p = [sum(m["p_hyperpartisan"][part][reading][a] for m in members) / len(members) for a in ids]
+                fold[part][reading] = scored([by_id[a] for a in ids], p)
+        result["folds"].append(fold)
+    cv_report(result, readings)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print_cv(result)
+    print(json.dumps(result["summary"]))
     return 0
 
 
@@ -267,6 +456,93 @@ def eval_main(argv: Sequence[str]) -> int:
 
 
 # ---- TF-IDF baseline ---------------------------------------------------------------------
+TFIDF_C_GRID = (0.1, 1.0, 10.0, 100.0)  # LogisticRegression C searched on dev (tfidf) or by inner CV (tfidf-cv)
+
+
+def tfidf_vectorizer() -> TfidfVectorizer:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    return TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True)
+
+
+def tfidf_classifier(c: float) -> LogisticRegression:
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=c, class_weight="balanced", max_iter=2000)
+
+
+def tfidf_pipeline(c: float) -> Pipeline:
+    """TF-IDF word 1-2-grams (sublinear tf) + class-balanced logistic regression."""
+    from sklearn.pipeline import make_pipeline
+
+    return make_pipeline(tfidf_vectorizer(), tfidf_classifier(c))
+
+
+def tfidf_choose_c(articles: list[Article], k: int, seed: int) -> tuple[float, dict[float, float]]:
+    """C with the best mean macro-F1 over an inner stratified k-fold CV of ``articles`` only
+    (the vectorizer is fitted once per inner split: it does not depend on C)."""
+    folds = cv_folds(articles, k, seed)
+    scores: dict[float, list[float]] = {c: [] for c in TFIDF_C_GRID}
+    for i in range(k):
+        fit, held = fold_parts(articles, folds, i)
+        vectorizer = tfidf_vectorizer().fit([a.text for a in fit])
+        x_fit, x_held = vectorizer.transform([a.text for a in fit]), vectorizer.transform([a.text for a in held])
+        for c in TFIDF_C_GRID:
+            predicted = tfidf_classifier(c).fit(x_fit, [a.label for a in fit]).predict(x_held).tolist()
+            scores[c].append(metrics([a.label for a in held], predicted)["macro_f1"])
+    means = {c: sum(v) / len(v) for c, v in scores.items()}
+    return max(means, key=lambda c: means[c]), means  # ties: the smallest C (grid order)
+
+
+def tfidf_cv_main(argv: Sequence[str]) -> int:
+    """TF-IDF + LR on the folds of ``cv`` (same ``cv_folds``), C chosen inside each training part."""
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="python -m models.training.rmt tfidf-cv")
+    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--fold-seed", type=int, default=0, help="seed of the fold assignment, as in cv")
+    parser.add_argument("--inner-folds", type=int, default=3, help="inner CV of each training part that picks C")
+    parser.add_argument("--out", required=True, type=Path, help="JSON file to write")
+    args = parser.parse_args(argv)
+    pool = load_split(args.data, "train") + load_split(args.data, "dev")
+    test = load_split(args.data, "test")
+    folds = cv_folds(pool, args.folds, args.fold_seed)
+    started = time.time()
+    result = {
+        "model": "tfidf-1-2gram+logreg(balanced)", "recipe": {k: str(v) if isinstance(v, Path) else v
+                                                             for k, v in vars(args).items()},
+        "protocol": f"stratified {args.folds}-fold CV over train+dev ({len(pool)} articles), fold seed "
+        f"{args.fold_seed}; C from {list(TFIDF_C_GRID)} by an inner {args.inner_folds}-fold CV of each training part",
+        "readings": {"whole_text": "the whole article"}, "hardware": hardware(1), "fold_ids": folds, "folds": [],
+    }
+    for i in range(args.folds):
+        fold_started = time.time()
+        train, held = fold_parts(pool, folds, i)
+        c, inner = tfidf_choose_c(train, args.inner_folds, args.fold_seed)
+        pipe = tfidf_pipeline(c).fit([a.text for a in train], [a.label for a in train])
+        fold = {"fold": i, "n_train": len(train), "n_heldout": len(held), "C": c, "inner_macro_f1_by_C": inner,
+                "heldout": {}, "test": {}, "p_hyperpartisan": {}}
+        for part, articles in (("heldout", held), ("test", test)):
+            p = pipe.predict_proba([a.text for a in articles])[:, 1].tolist()
+            fold[part]["whole_text"] = scored(articles, p)
+            fold["p_hyperpartisan"][part] = {
+                "whole_text": {a.id: round(x, 6) for a, x in zip(articles, p, strict=True)}}
+        fold["train_seconds"] = round(time.time() - fold_started, 1)
+        result["folds"].append(fold)
+    # the recipe's final form: C by inner CV of all of train+dev, fitted on it, scored on test
+    c, inner = tfidf_choose_c(pool, args.inner_folds, args.fold_seed)
+    pipe = tfidf_pipeline(c).fit([a.text for a in pool], [a.label for a in pool])
+    result["fit_train_dev"] = {"C": c, "inner_macro_f1_by_C": inner,
+                               "test": scored(test, pipe.predict_proba([a.text for a in test])[:, 1].tolist())}
+    result["seconds"] = round(time.time() - started, 1)
+    cv_report(result, ["whole_text"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print_cv(result)
+    print(json.dumps({**result["summary"], "fit_train_dev": result["fit_train_dev"], "seconds": result["seconds"]}))
+    return 0
+
+
 def tfidf_main(argv: Sequence[str]) -> int:
     """TF-IDF (word 1-2-grams) + logistic regression, fitted on train+dev, scored on test.
 
@@ -277,23 +553,16 @@ def tfidf_main(argv: Sequence[str]) -> int:
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--c", type=float, default=None, help="LogisticRegression C (default: chosen on dev)")
     args = parser.parse_args(argv)
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-
-    def pipeline(c: float):
-        return make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
-                             LogisticRegression(C=c, class_weight="balanced", max_iter=2000))
 
     train, dev, test = (load_split(args.data, s) for s in ("train", "dev", "test"))
     dev_scores = {}
     if args.c is None:
-        for c in (0.1, 1.0, 10.0, 100.0):
-            pipe = pipeline(c).fit([a.text for a in train], [a.label for a in train])
+        for c in TFIDF_C_GRID:
+            pipe = tfidf_pipeline(c).fit([a.text for a in train], [a.label for a in train])
             dev_scores[c] = metrics([a.label for a in dev], pipe.predict([a.text for a in dev]).tolist())["macro_f1"]
         args.c = max(dev_scores, key=lambda c: dev_scores[c])
     fit = train + dev
-    pipe = pipeline(args.c).fit([a.text for a in fit], [a.label for a in fit])
+    pipe = tfidf_pipeline(args.c).fit([a.text for a in fit], [a.label for a in fit])
     scores = metrics([a.label for a in test], pipe.predict([a.text for a in test]).tolist())
     print(json.dumps({"model": "tfidf-1-2gram+logreg(balanced)", "C": args.c, "dev_macro_f1_by_C": dev_scores,
                       "fit": "train+dev", "split": "test", "n": len(test), **scores}))
@@ -302,6 +571,7 @@ def tfidf_main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    if argv and argv[0] == "tfidf":
-        sys.exit(tfidf_main(argv[1:]))
+    modes = {"tfidf": tfidf_main, "tfidf-cv": tfidf_cv_main, "cv": cv_main, "cv-ensemble": cv_ensemble_main}
+    if argv and argv[0] in modes:
+        sys.exit(modes[argv[0]](argv[1:]))
     sys.exit(train_main(["rmt", *argv]))
