@@ -461,14 +461,15 @@ class SRformerCrossAttention(SegmentedCrossAttention):
         changed = (seg != prev)[:, None, None, None]  # update only when the index changes
         z = None
         if self.kernel:  # the divisor is read every step (s * dh); the (dh, dh) product only on change
-            z_rest = mem["kv"][..., -1] - (phi(Ks) * keep).sum(dim=-2)  # (B, h, dh)
+            Ks = phi(Ks) * keep  # phi(K_Si), zero where not valid
+            z_rest = mem["kv"][..., -1] - Ks.sum(dim=-2)  # (B, h, dh)
             c = z_rest.mean(dim=-1, keepdim=True).clamp(min=tiny(Q.dtype, 1e-6))  # (B, h, 1)
             z = (z_rest / c)[:, :, None, :]  # (B, h, 1, dh)
         # eager mode skips the update when no row changed; traced/exported graphs always
         # compute it and select (same result, no data-dependent branch)
         if torch.jit.is_tracing() or torch.compiler.is_exporting() or bool(changed.any()):
             if self.kernel:
-                x = (mem["kv"][..., :-1] - (phi(Ks) * keep).transpose(-2, -1) @ Vs) / c[..., None]  # Eq. (16)
+                x = (mem["kv"][..., :-1] - Ks.transpose(-2, -1) @ Vs) / c[..., None]  # Eq. (16) with phi
             else:
                 x = mem["kv"] - Ks.transpose(-2, -1) @ Vs  # (B, h, dh, dh) Eq. (16)
             new_out, new_membrane = self._accumulate(x, membrane)
