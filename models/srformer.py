@@ -287,7 +287,7 @@ class CrossAttention(nn.Module):
         B, d = x.shape
         Q = self.q_proj(x).view(B, self.n_head, 1, self.dh)  # (B, h, 1, dh)
         out, att, pos, read = self._attend_step(Q, mem, mask, seg, context)
-        out, membrane, raf_out = self._recurrent_step(out, Q, mem, read, seg, prev, membrane, raf_out)
+        out, membrane, raf_out = self._recurrent_step(out, Q, mem, mask, read, seg, prev, membrane, raf_out)
         return self.o_proj(out.reshape(B, d)), membrane, raf_out, att[:, :, 0], pos
 
     def _attend_step(self, Q: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
@@ -298,7 +298,7 @@ class CrossAttention(nn.Module):
         raise NotImplementedError
 
     def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
-                        read: tuple[torch.Tensor, ...], seg: torch.Tensor, prev: torch.Tensor,
+                        mask: torch.Tensor, read: tuple[torch.Tensor, ...], seg: torch.Tensor, prev: torch.Tensor,
                         membrane: torch.Tensor, raf_out: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return out, membrane, raf_out  # no recurrent part outside SRformer
@@ -401,12 +401,16 @@ class SRformerCrossAttention(SegmentedCrossAttention):
         return phi(Q) if self.kernel else Q
 
     def _normalised(self, numerator: torch.Tensor, features: torch.Tensor, z: torch.Tensor | None,
-                    mem: Mapping[str, torch.Tensor]) -> torch.Tensor:
+                    mem: Mapping[str, torch.Tensor], has_rest: torch.Tensor) -> torch.Tensor:
         """O_R (B, h, T, dh) from its numerator, the query features (B, h, T, dh) and, for the kernel form,
-        the divisor z (B, h, T, dh): divided by norm(K) (Eq. 13) or by phi(Q_t) z (Eq. 22)."""
+        the divisor z (B, h, T, dh): divided by norm(K) (Eq. 13) or by phi(Q_t) z (Eq. 22). Zero where the
+        step's R_i holds no valid position (has_rest (B, T) false: a document of one segment), where
+        Eq. 22 is 0/0 and a learned negative threshold would otherwise fire into it."""
         if z is None:
-            return numerator / mem["ksq"].clamp(min=tiny(features.dtype, 1e-12)).sqrt()[:, :, None, None]
-        return numerator / (features * z).sum(dim=-1, keepdim=True).clamp(min=tiny(features.dtype, 1e-6))
+            o_r = numerator / mem["ksq"].clamp(min=tiny(features.dtype, 1e-12)).sqrt()[:, :, None, None]
+        else:
+            o_r = numerator / (features * z).sum(dim=-1, keepdim=True).clamp(min=tiny(features.dtype, 1e-6))
+        return o_r * has_rest[:, None, :, None].to(o_r.dtype)
 
     def _combine(self, o_s: torch.Tensor, o_r: torch.Tensor) -> torch.Tensor:
         """Eq. (11) O_S + O_R, or (10) O_S + g O_R; O_R alone without the segmented part."""
@@ -445,14 +449,17 @@ class SRformerCrossAttention(SegmentedCrossAttention):
         blocks = torch.zeros(B, h, R * L, dh, dtype=Q.dtype, device=Q.device).scatter(2, flat, features)
         numerator = (blocks.view(B, h, R, L, dh) @ raf_out).view(B, h, R * L, dh).gather(2, flat)  # (B, h, T, dh)
         z_t = None if z is None else z.gather(2, seg[:, None, :, None].expand(B, h, T, dh))  # (B, h, T, dh)
-        o_r = self._normalised(numerator, features, z_t, mem)  # Eq. (13) / (22)
+        m = x.shape[2]
+        in_segment = F.pad(mask, (0, m * self.s - k)).view(B, m, self.s).sum(dim=-1)  # (B, m) valid keys per segment
+        has_rest = (mask.sum(dim=1, keepdim=True) - in_segment).gather(1, seg) > 0  # (B, T): R_i not empty
+        o_r = self._normalised(numerator, features, z_t, mem, has_rest)  # Eq. (13) / (22)
         if self.training:
             self.stats = {"o_s_rms": out.detach().pow(2).mean().sqrt(), "o_r_rms": o_r.detach().pow(2).mean().sqrt(),
                           "raf_fired": (raf_out.detach() > 0).float().mean()}
         return self._combine(out, o_r)  # Eq. (11)
 
     def _recurrent_step(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
-                        read: tuple[torch.Tensor, ...], seg: torch.Tensor, prev: torch.Tensor,
+                        mask: torch.Tensor, read: tuple[torch.Tensor, ...], seg: torch.Tensor, prev: torch.Tensor,
                         membrane: torch.Tensor, raf_out: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.part == "off":
@@ -476,7 +483,8 @@ class SRformerCrossAttention(SegmentedCrossAttention):
             raf_out = torch.where(changed, new_out, raf_out)
             membrane = torch.where(changed, new_membrane, membrane)
         features = self._query_features(Q)  # (B, h, 1, dh)
-        o_r = self._normalised(features @ raf_out, features, z, mem)  # (B, h, 1, dh) Eq. (13) / (22)
+        has_rest = (mask.sum(dim=1) - keep.sum(dim=(1, 2, 3)).to(mask.sum(dim=1).dtype) > 0)[:, None]  # (B, 1)
+        o_r = self._normalised(features @ raf_out, features, z, mem, has_rest)  # (B, h, 1, dh) Eq. (13) / (22)
         return self._combine(out, o_r), membrane, raf_out  # Eq. (11)
 
 

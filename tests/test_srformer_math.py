@@ -106,7 +106,7 @@ VARIANTS = [("full", {}), ("segmented", {}), ("srformer", {}), ("srformer", {"re
 def test_step_by_step_equals_teacher_forced(mode, options, ratio, norm):
     model = tiny(mode, summary_ratio=ratio, norm_position=norm, **options)
     fix_ids(model)
-    data = batch(model, [45, 29, 8], k=45, T=24)  # T > q for the shorter documents: i clamps to m-1
+    data = batch(model, [45, 29, 8, 3], k=45, T=24)  # T > q for the shorter documents: i clamps to m-1
     parallel = teacher_forced(model, *data)
     stepwise = step_by_step(model, *data)
     assert parallel.shape == stepwise.shape
@@ -186,6 +186,23 @@ def test_recurrent_part_off_is_the_segmented_model_with_the_same_weights():
         fix_ids(model)
     data = batch(segmented, [45, 29], k=45, T=20)
     torch.testing.assert_close(teacher_forced(off, *data), teacher_forced(segmented, *data), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("norm", ["norm_k", "kernel"])
+def test_a_document_of_one_segment_gets_no_recurrent_part(norm):
+    """R_i is empty when the document fits in one segment: O_R = 0 even where the RAF would fire on
+    nothing (a negative threshold), so the model reads as the segmented one."""
+    model = tiny("srformer", recurrent_norm=norm)
+    off = tiny("srformer", recurrent_norm=norm, recurrent_part="off")
+    with torch.no_grad():
+        for block in model.blocks:
+            block.cross.raf.threshold.fill_(-0.5)
+    off.load_state_dict(model.state_dict())
+    for m in (model, off):
+        fix_ids(m)
+    data = batch(model, [4, 3], k=4, T=12)  # s = 4: one segment each
+    torch.testing.assert_close(teacher_forced(model, *data), teacher_forced(off, *data), atol=0, rtol=0)
+    torch.testing.assert_close(step_by_step(model, *data), teacher_forced(off, *data), atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("mode", ["full", "srformer"])
