@@ -372,7 +372,7 @@ class SRformerCrossAttention(SegmentedCrossAttention):
         if self.part == "off" and not self.segmented_part:
             raise ValueError("recurrent_part='off' with segmented_part=False leaves no cross-attention")
         self.raf = RAF(self.dh, config.raf_clamp, config.raf_threshold, unit_gain=self.kernel)
-        # Eq. (10): a trainable weight on O_R; from 0 the model starts as the segmented one
+        # Eq. (10): a trainable weight on O_R, from gate_init (0: the model starts as the segmented one)
         self.gate = (nn.Parameter(torch.full((config.n_head, 1, 1), float(config.gate_init)))
                      if config.recurrent_gate else None)
         self.stats: dict[str, torch.Tensor] = {}  # of the last parallel forward: sizes of O_S, O_R; RAF firing
