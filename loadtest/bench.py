@@ -37,6 +37,13 @@ Protocol
    - ``gpu``: where NVML sees a GPU, per model: segments/s and J/segment at 1 and 32 sessions
      from NVML's energy counter (:mod:`loadtest.bench_gpu`); skipped, saying so, elsewhere.
 
+   CPU: for ``articles``, ``decode`` and ``rsa``, each timed run also records the CPU time the service
+   spent in it (its process and children, the embedded Redis among them, by ``psutil``) and this
+   client's, per unit (token, piece). Concurrent throughput cannot exceed ``cores`` / (CPU per unit),
+   so a ratio cannot exceed ``ratio_ceiling`` = cores x (sequential seconds per unit) / (concurrent
+   CPU seconds per unit): where the two meet, the machine was full, and only less CPU per unit raises
+   the ratio.
+
    Redis share: over the pieces of the served runs of ``e2e`` and of the smallest ``throughput``
    count (``/metrics`` scraped just before the first piece and after the last answer, so session
    create and finish fall outside), the delta of ``rtserve_redis_operation_duration_seconds_sum``
@@ -106,6 +113,44 @@ QUICK = Counts(e2e_sessions=1, pieces=2, sessions=(2, 4), articles=2, article_ch
 
 class BenchError(RuntimeError):
     """The run cannot measure what it claims to (a failed request, a piece that did not step once)."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A timed run: its wall time and the CPU time spent in it by the service and by this client."""
+
+    seconds: float
+    server_cpu_seconds: float  # the service's process and its children (the embedded Redis)
+    client_cpu_seconds: float
+
+
+class Stopwatch:
+    """Wall time plus the CPU time of a process tree (the service) and of this process (the client)."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.server = psutil.Process(server_pid) if server_pid else None
+
+    def _server_cpu(self) -> float:
+        if self.server is None:
+            return 0.0
+        total = 0.0
+        for process in [self.server, *self.server.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except self._psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+    def start(self) -> tuple[float, float, float]:
+        return time.perf_counter(), self._server_cpu(), time.process_time()
+
+    def stop(self, started: tuple[float, float, float]) -> Span:
+        wall, server, client = started
+        return Span(time.perf_counter() - wall, self._server_cpu() - server, time.process_time() - client)
 
 
 # ---- the service under test ----------------------------------------------------------------------
@@ -370,6 +415,7 @@ class Bench:
     intra_op_threads: int
     intra_op_spinning: bool
     models: dict[str, dict[str, Any]]  # task -> GET /models description of the model measured
+    stopwatch: Stopwatch = field(default_factory=lambda: Stopwatch(None))
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # scenario -> why it could not finish
     notes: list[str] = field(default_factory=list)
@@ -490,40 +536,40 @@ async def run_latency(bench: Bench, sessions: list[SessionInput]) -> dict[str, A
     return results
 
 
-async def summarize_all(client: Client, bodies: list[bytes], concurrent: bool) -> tuple[float, int]:
-    """Wall time and summary tokens of every article, all at once or one after another."""
-    started = time.perf_counter()
+async def summarize_all(bench: Bench, bodies: list[bytes], concurrent: bool) -> tuple[Span, int]:
+    """The span and summary tokens of every article, all at once or one after another."""
+    client, started = bench.client, bench.stopwatch.start()
     if concurrent:
         answers = await asyncio.gather(*(client.post("/summarize", body) for body in bodies))
     else:
         answers = [await client.post("/summarize", body) for body in bodies]
-    seconds = time.perf_counter() - started
-    return seconds, sum(int(answer["summary_tokens"]) for answer in answers)
+    span = bench.stopwatch.stop(started)
+    return span, sum(int(answer["summary_tokens"]) for answer in answers)
 
 
 async def run_articles(bench: Bench) -> dict[str, Any]:
     model = bench.ref("summarize")
     texts = [text[: bench.counts.article_chars] for text in inputs.bbc_texts(bench.data, bench.counts.articles)]
     bodies = [json.dumps({"text": text, "model": model}).encode() for text in texts]
-    await summarize_all(bench.client, bodies[:1], concurrent=False)  # warm-up, untimed
+    await summarize_all(bench, bodies[:1], concurrent=False)  # warm-up, untimed
 
-    async def once(concurrent: bool) -> tuple[float, int]:
+    async def once(concurrent: bool) -> tuple[Span, int]:
         await bench.settle()
-        return await summarize_all(bench.client, bodies, concurrent)
+        return await summarize_all(bench, bodies, concurrent)
 
     rates = await concurrent_vs_sequential(bench, once)
     return {"model": model, "articles": len(bodies), **rates}
 
 
-async def finish_all(client: Client, ids: list[str], concurrent: bool) -> tuple[float, int]:
-    """Wall time and summary tokens of finishing every session, all at once or one after another."""
-    started = time.perf_counter()
+async def finish_all(bench: Bench, ids: list[str], concurrent: bool) -> tuple[Span, int]:
+    """The span and summary tokens of finishing every session, all at once or one after another."""
+    client, started = bench.client, bench.stopwatch.start()
     if concurrent:
         answers = await asyncio.gather(*(client.post(f"/sessions/{i}/finish") for i in ids))
     else:
         answers = [await client.post(f"/sessions/{i}/finish") for i in ids]
-    seconds = time.perf_counter() - started
-    return seconds, sum(int(answer["summary_tokens"]) for answer in answers)
+    span = bench.stopwatch.stop(started)
+    return span, sum(int(answer["summary_tokens"]) for answer in answers)
 
 
 async def read_documents(client: Client, model: str, sessions: list[SessionInput]) -> list[str]:
@@ -539,12 +585,12 @@ async def run_decode(bench: Bench) -> dict[str, Any]:
     entry, manifest = bench.entry("summarize")
     texts = inputs.bbc_texts(bench.data, bench.counts.articles * 4)
     sessions = inputs.decode_sessions(entry, manifest, texts, bench.counts.articles)
-    await finish_all(bench.client, await read_documents(bench.client, model, sessions[:1]), False)  # warm-up
+    await finish_all(bench, await read_documents(bench.client, model, sessions[:1]), False)  # warm-up
 
-    async def once(concurrent: bool) -> tuple[float, int]:
+    async def once(concurrent: bool) -> tuple[Span, int]:
         ids = await read_documents(bench.client, model, sessions)  # untimed
         await bench.settle()
-        timed = await finish_all(bench.client, ids, concurrent)
+        timed = await finish_all(bench, ids, concurrent)
         await asyncio.gather(*(close_session(bench.client, session_id) for session_id in ids))
         return timed
 
@@ -553,36 +599,50 @@ async def run_decode(bench: Bench) -> dict[str, Any]:
 
 
 async def concurrent_vs_sequential(
-    bench: Bench, once: Callable[[bool], Awaitable[tuple[float, int]]], unit: str = "tokens",
+    bench: Bench, once: Callable[[bool], Awaitable[tuple[Span, int]]], unit: str = "tokens",
     count_key: str | None = "summary_tokens",
 ) -> dict[str, Any]:
-    """``unit``/s of ``once(concurrent)`` -> (seconds, units) both ways, in alternating order, ``--repeats``
-    times; medians. ``count_key`` also records each run's count of units."""
+    """``unit``/s of ``once(concurrent)`` -> (span, units) both ways, in alternating order, ``--repeats``
+    times; medians. With each: the CPU per unit of the service and the client, the cores they kept busy,
+    and the ceiling that CPU puts on the ratio. ``count_key`` also records each run's count of units."""
+    cores = len(os.sched_getaffinity(0))
     repeats = []
     for repeat in range(bench.repeats):
         row: dict[str, Any] = {}
         for concurrent in in_turn(repeat, True, False):
-            seconds, units = await once(concurrent)
+            span, units = await once(concurrent)
             name = "concurrent" if concurrent else "sequential"
-            row[f"{name}_{unit}_per_second"] = units / seconds
+            row[f"{name}_{unit}_per_second"] = units / span.seconds
+            row[f"{name}_server_cpu_ms_per_unit"] = 1000 * span.server_cpu_seconds / units
+            row[f"{name}_client_cpu_ms_per_unit"] = 1000 * span.client_cpu_seconds / units
+            row[f"{name}_cores_busy"] = (span.server_cpu_seconds + span.client_cpu_seconds) / span.seconds
             if count_key:
                 row[f"{name}_{count_key}"] = units
         row["ratio"] = row[f"concurrent_{unit}_per_second"] / row[f"sequential_{unit}_per_second"]
-        log.info("  repeat %d: %.1f vs %.1f %s/s", repeat + 1, row[f"concurrent_{unit}_per_second"],
-                 row[f"sequential_{unit}_per_second"], unit)
+        concurrent_cpu_ms = row["concurrent_server_cpu_ms_per_unit"] + row["concurrent_client_cpu_ms_per_unit"]
+        row["ratio_ceiling"] = cores * (1000 / row[f"sequential_{unit}_per_second"]) / concurrent_cpu_ms
+        log.info("  repeat %d: %.1f vs %.1f %s/s (ceiling of the ratio on %d cores: %.2f)", repeat + 1,
+                 row[f"concurrent_{unit}_per_second"], row[f"sequential_{unit}_per_second"], unit, cores,
+                 row["ratio_ceiling"])
         repeats.append(row)
     concurrent_rate = median([r[f"concurrent_{unit}_per_second"] for r in repeats])
     sequential_rate = median([r[f"sequential_{unit}_per_second"] for r in repeats])
+    cpu = {key: median([r[key] for r in repeats]) for key in repeats[0]
+           if key.endswith(("_cpu_ms_per_unit", "_cores_busy"))}
     return {
         f"concurrent_{unit}_per_second": concurrent_rate,
         f"sequential_{unit}_per_second": sequential_rate,
         "ratio": concurrent_rate / sequential_rate,
+        "cores": cores,
+        **cpu,
+        "ratio_ceiling": median([r["ratio_ceiling"] for r in repeats]),
         "repeats": repeats,
     }
 
 
-async def forecast_flows(client: Client, model: str, sessions: list[SessionInput], concurrent: bool) -> float:
-    """Wall time of create -> pieces -> finish for every session, all at once or one after another."""
+async def forecast_flows(bench: Bench, model: str, sessions: list[SessionInput], concurrent: bool) -> Span:
+    """The span of create -> pieces -> finish for every session, all at once or one after another."""
+    client = bench.client
 
     async def flow(session: SessionInput) -> str:
         session_id = await open_session(client, model)
@@ -590,14 +650,14 @@ async def forecast_flows(client: Client, model: str, sessions: list[SessionInput
         await client.post(f"/sessions/{session_id}/finish")
         return session_id
 
-    started = time.perf_counter()
+    started = bench.stopwatch.start()
     if concurrent:
         ids = await asyncio.gather(*(flow(session) for session in sessions))
     else:
         ids = [await flow(session) for session in sessions]
-    seconds = time.perf_counter() - started
+    span = bench.stopwatch.stop(started)
     await asyncio.gather(*(client.delete(f"/sessions/{session_id}") for session_id in ids))
-    return seconds
+    return span
 
 
 async def run_rsa(bench: Bench) -> dict[str, Any]:
@@ -607,11 +667,11 @@ async def run_rsa(bench: Bench) -> dict[str, Any]:
     sessions = inputs.forecast_sessions(values, int(settings["lookback"]), bench.counts.rsa_sessions,
                                         bench.counts.rsa_piece_rows, bench.counts.rsa_extra_pieces)
     pieces = sum(len(s.pieces) for s in sessions)
-    await forecast_flows(bench.client, model, sessions[:1], concurrent=False)  # warm-up, untimed
+    await forecast_flows(bench, model, sessions[:1], concurrent=False)  # warm-up, untimed
 
-    async def once(concurrent: bool) -> tuple[float, int]:
+    async def once(concurrent: bool) -> tuple[Span, int]:
         await bench.settle()
-        return await forecast_flows(bench.client, model, sessions, concurrent), pieces
+        return await forecast_flows(bench, model, sessions, concurrent), pieces
 
     rates = await concurrent_vs_sequential(bench, once, unit="pieces", count_key=None)
     return {
@@ -781,7 +841,7 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
         described = await client.models()
         bench = Bench(client, options.model_repository, options.data, counts, options.repeats,
                       int(settings["intra_op_threads"]), bool(settings["intra_op_spinning"]),
-                      pick_models(described, options.forecast_model))
+                      pick_models(described, options.forecast_model), Stopwatch(server.process.pid))
         scenarios = await run_scenarios(bench, options.only, meter, described)
     finally:
         await client.close()

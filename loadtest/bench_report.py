@@ -174,12 +174,26 @@ def measurement_rows(scenarios: Mapping[str, Any]) -> list[tuple[str, Any]]:
     if "ratio" in rsa:
         rows += [(f"{rsa['sessions']} RSA sessions concurrently: pieces/s", rsa["concurrent_pieces_per_second"]),
                  ("the same one at a time: pieces/s", rsa["sequential_pieces_per_second"])]
+    for name, unit in (("articles", "token"), ("decode", "token"), ("rsa", "piece")):
+        rows += cpu_rows(name, unit, scenarios.get(name) or {})
     for model, gpu in (lookup(scenarios, "gpu", "models") or {}).items():
         for key in ("1", str(gpu["sessions_high"])):
             run = gpu[key]
             rows.append((f"{model}, {key} session(s): segments/s | J/segment",
                          f"{run['segments_per_second']:.3g} | {run['joules_per_segment']:.3g}"))
     return rows
+
+
+def cpu_rows(name: str, unit: str, run: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Where a concurrent / one-at-a-time ratio's CPU went, and the ceiling it puts on the ratio."""
+    if "ratio_ceiling" not in run:
+        return []
+    per_unit = " / ".join(f"{run[f'{kind}_server_cpu_ms_per_unit']:.3g} + {run[f'{kind}_client_cpu_ms_per_unit']:.3g}"
+                          for kind in ("concurrent", "sequential"))
+    busy = " / ".join(f"{run[f'{kind}_cores_busy']:.2f}" for kind in ("concurrent", "sequential"))
+    return [(f"{name}: CPU ms per {unit}, service + client, concurrent / one at a time", per_unit),
+            (f"{name}: cores busy (of {run['cores']}), concurrent / one at a time", busy),
+            (f"{name}: ceiling of the ratio at the concurrent run's CPU per {unit}", run["ratio_ceiling"])]
 
 
 def markdown(results: Mapping[str, Any]) -> str:

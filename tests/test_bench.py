@@ -63,6 +63,11 @@ def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the
                        ("rsa", ("concurrent_pieces_per_second", "sequential_pieces_per_second", "ratio"))):
         for key in keys:
             assert _finite_positive(scenarios[name][key]), (name, key, scenarios[name])
+        run = scenarios[name]  # the service's CPU is measured (its process tree), and the client's
+        for key in ("concurrent_server_cpu_ms_per_unit", "sequential_server_cpu_ms_per_unit",
+                    "concurrent_client_cpu_ms_per_unit", "concurrent_cores_busy", "ratio_ceiling"):
+            assert _finite_positive(run[key]), (name, key, run)
+        assert run["cores"] >= 1 and f"{name}: ceiling of the ratio" in out_md.read_text()
 
     assert report["machine"]["cores"] >= 1 and report["machine"]["cpu"]
     assert report["settings"]["intra_op_threads"] == 1 and report["settings"]["redis"] == "embedded"

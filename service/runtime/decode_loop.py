@@ -14,9 +14,18 @@ A decode graph (the manifest's ``decode_step``) keeps this contract:
 :class:`DecodeLoop` keeps every live search of one model in one resident batch and runs one step
 of all of them per call: a search joins at the next step after it arrives and leaves when it is
 done, so documents at different positions, of different lengths, from one-shot requests and from
-sessions share every step. The state never leaves the batch between steps: only when the rows
-change is the batch re-formed (fixed inputs re-padded to the longest member, state rows selected,
-and padding on a state axis squeezed out so it never grows without bound).
+sessions share every step. The state never leaves the batch between steps, and re-forming the batch when rows
+change costs what changed, not the whole batch (a document's fixed inputs are megabytes: its encoder
+keys and values; copying all of them at every join and leave was most of the loop's own time):
+
+- a search that leaves frees its rows; the rows at the end of the batch move into the holes (one row
+  copied per row freed) and the arrays are cut to the live rows, a view: rows are independent, so a
+  search's rows need not be contiguous nor in order;
+- arrivals are appended, the batch so far copied once with them into arrays padded to the new
+  longest extents;
+- padding is cut only when it has become a quarter of an axis or more: a padded axis (a source, a
+  vocabulary) when its longest live member left, the self-attention cache's steps when the rows that
+  had the longest history left (each row's own positions are moved to the front first).
 """
 
 from __future__ import annotations
@@ -44,20 +53,24 @@ class _Member:
     state: Arrays  # state inputs before its first step, search.rows rows
     future: asyncio.Future[list[int]]
     enqueued: float = field(default_factory=time.perf_counter)
-
-
-def pad_to(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Zero-pad (False for bool) ``array`` at the end of each non-batch axis up to ``shape``."""
-    widths = [(0, 0)] + [(0, target - size) for size, target in zip(array.shape[1:], shape, strict=True)]
-    if all(after == 0 for _, after in widths):
-        return array
-    return np.pad(array, widths)
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # its rows in the batch, in its order
 
 
 def stack_padded(parts: list[np.ndarray]) -> np.ndarray:
-    """Concatenate along the batch axis, each part padded to the largest extent of every other axis."""
+    """Concatenate along the batch axis, each part zero-padded (False for bool) at the end of every other
+    axis to the largest extent there; one copy of each part."""
     shape = tuple(max(sizes) for sizes in zip(*(part.shape[1:] for part in parts), strict=True))
-    return np.concatenate([pad_to(part, shape) for part in parts], axis=0)
+    out = np.zeros((sum(part.shape[0] for part in parts), *shape), dtype=parts[0].dtype)
+    start = 0
+    for part in parts:
+        out[(slice(start, start + part.shape[0]), *(slice(0, size) for size in part.shape[1:]))] = part
+        start += part.shape[0]
+    return out
+
+
+def worth_cutting(needed: int, extent: int) -> bool:
+    """Cut an axis's padding once it is a quarter of the axis or more (each cut copies the rows)."""
+    return needed <= 0.75 * extent
 
 
 class DecodeLoop(GraphRunner):
@@ -82,6 +95,7 @@ class DecodeLoop(GraphRunner):
         self._members: list[_Member] = []
         self._fixed: Arrays = {}
         self._state: Arrays = {}
+        self._rows = 0  # rows in the batch: every array in _fixed and _state has this many
 
     async def generate(self, search: Search, fixed: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray]
                        ) -> list[int]:
@@ -116,68 +130,100 @@ class DecodeLoop(GraphRunner):
                 for member in [*self._members, *self._arrivals]:
                     if not member.future.done():
                         member.future.set_exception(error)
-                self._members, self._arrivals, self._fixed, self._state = [], [], {}, {}
+                self._members, self._arrivals, self._fixed, self._state, self._rows = [], [], {}, {}, 0
 
     def _reform(self) -> None:
-        """Drop finished or abandoned searches, admit arrivals that fit, and rebuild the batch if it changed."""
-        staying = [i for i, m in enumerate(self._members) if not m.future.done()]
-        rows = sum(self._members[i].search.rows for i in staying)
+        """Drop finished or abandoned searches, then admit the arrivals that fit."""
+        if any(member.future.done() for member in self._members):
+            self._remove_finished()
+        rows = self._rows
         joining: list[_Member] = []
         while self._arrivals and rows + self._arrivals[0].search.rows <= self.max_batch_size:
             member = self._arrivals.pop(0)
             if not member.future.done():
                 joining.append(member)
                 rows += member.search.rows
-        if len(staying) == len(self._members) and not joining:
-            return
-        starts = np.cumsum([0] + [m.search.rows for m in self._members])  # each member's first row
-        kept_rows = (np.concatenate([np.arange(starts[i], starts[i + 1]) for i in staying]) if staying
-                     else np.zeros(0, np.int64))
-        members = [self._members[i] for i in staying] + joining
-        state = {name: value[kept_rows] for name, value in self._state.items()} if staying else {}
-        state = self._squeeze(state) if staying else state
         if joining:
-            parts = {name: ([state[name]] if staying else []) + [m.state[name] for m in joining]
-                     for name in joining[0].state}
-            state = {name: stack_padded(arrays) for name, arrays in parts.items()}
-        self._state = state
-        self._fixed = {name: stack_padded([m.fixed[name] for m in members]) for name in members[0].fixed} \
-            if members else {}
-        self._members = members
+            self._admit(joining)
 
-    def _squeeze(self, state: Arrays) -> Arrays:
-        """Move each row's own positions on a masked state axis to the front and cut the common padding."""
+    def _remove_finished(self) -> None:
+        staying = [member for member in self._members if not member.future.done()]
+        kept = sum(member.search.rows for member in staying)
+        if kept == 0:
+            self._members, self._fixed, self._state, self._rows = [], {}, {}, 0
+            return
+        # the live rows past the end of the kept batch move into the freed rows before it
+        freed = np.sort(np.concatenate([m.rows for m in self._members if m.future.done()]))
+        holes = freed[freed < kept]
+        movers = np.sort(np.concatenate([m.rows for m in staying]))
+        movers = movers[movers >= kept]
+        if len(holes):
+            destination = np.arange(self._rows)
+            destination[movers] = holes
+            for member in staying:
+                member.rows = destination[member.rows]
+        for arrays in (self._fixed, self._state):
+            for name, value in arrays.items():
+                if len(holes):
+                    value = value if value.flags.writeable else value.copy()  # a backend's read-only output
+                    value[holes] = value[movers]
+                arrays[name] = value[:kept]
+        self._members, self._rows = staying, kept
+        self._cut_fixed_padding()
+        self._squeeze()
+
+    def _cut_fixed_padding(self) -> None:
+        """Cut a fixed input's padding when its longest live member has left."""
+        for name, value in self._fixed.items():
+            needed = tuple(max(sizes) for sizes in zip(*(m.fixed[name].shape[1:] for m in self._members), strict=True))
+            if needed != value.shape[1:] and worth_cutting(int(np.prod(needed)), int(np.prod(value.shape[1:]))):
+                self._fixed[name] = np.ascontiguousarray(value[(slice(None), *(slice(0, n) for n in needed))])
+
+    def _admit(self, joining: list[_Member]) -> None:
+        """Append the arrivals' rows: the batch so far and theirs, padded to the longest extents, in one copy."""
+        for member in joining:
+            member.rows = np.arange(self._rows, self._rows + member.search.rows)
+            self._rows += member.search.rows
+        for arrays, own in ((self._fixed, "fixed"), (self._state, "state")):
+            names = getattr(joining[0], own)
+            stacked = {name: stack_padded(([arrays[name]] if self._members else [])
+                                          + [getattr(m, own)[name] for m in joining]) for name in names}
+            arrays.clear()
+            arrays.update(stacked)
+        self._members = self._members + joining
+
+    def _squeeze(self) -> None:
+        """Where padding on a masked state axis has become worth cutting, move each row's own positions to the
+        front and cut the common padding."""
         for mask_name, entries in self.squeezed.values():
-            mask = state[mask_name]  # (B, T)
+            mask = self._state[mask_name]  # (B, T)
             width = int(mask.sum(axis=1).max(initial=0))
-            if width == mask.shape[1]:
+            if not worth_cutting(width, mask.shape[1]):
                 continue
             order = np.argsort(~mask, axis=1, kind="stable")[:, :width]  # own positions first, in order
             for name, axis in entries:
-                index = order.reshape(order.shape + (1,) * (state[name].ndim - 2))
+                index = order.reshape(order.shape + (1,) * (self._state[name].ndim - 2))
                 index = np.moveaxis(index, 1, axis)
-                state[name] = np.take_along_axis(state[name], index, axis=axis)
-        return state
+                self._state[name] = np.take_along_axis(self._state[name], index, axis=axis)
 
     async def _step(self) -> None:
-        members = self._members
-        inputs = {**self._fixed, **self._state,
-                  "token": np.concatenate([m.search.tokens for m in members]),
-                  "t": np.concatenate([np.full(m.search.rows, m.search.t, dtype=np.int64) for m in members])}
-        rows = len(inputs["token"])
-        outputs = await self._run_batch(inputs, rows, [m.enqueued for m in members if m.search.t == 0])
-        logp = outputs["logp"]
-        parents, offset = [], 0
+        members, rows = self._members, self._rows
+        token, t = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
         for member in members:
-            n = member.search.rows
-            if member.future.done():  # abandoned mid-step: its rows stay until the batch re-forms
-                parents.append(np.arange(offset, offset + n))
-            else:
-                parents.append(offset + member.search.advance(logp[offset : offset + n]))
-                if member.search.done:
-                    member.future.set_result(member.search.result())
-            offset += n
-        order = np.concatenate(parents)
-        reordered = not np.array_equal(order, np.arange(rows))
-        self._state = {name: (outputs[output][order] if reordered else outputs[output])
+            token[member.rows] = member.search.tokens
+            t[member.rows] = member.search.t
+        outputs = await self._run_batch({**self._fixed, **self._state, "token": token, "t": t}, rows,
+                                        [m.enqueued for m in members if m.search.t == 0])
+        logp = outputs["logp"]
+        order: np.ndarray | None = None  # the row each row's next state comes from, when a beam search reordered
+        for member in members:
+            if member.future.done():  # abandoned mid-step: its rows leave at the next re-form
+                continue
+            parents = member.search.advance(logp[member.rows])
+            if member.search.rows > 1 and not np.array_equal(parents, np.arange(member.search.rows)):
+                order = np.arange(rows) if order is None else order
+                order[member.rows] = member.rows[parents]
+            if member.search.done:
+                member.future.set_result(member.search.result())
+        self._state = {name: (outputs[output][order] if order is not None else outputs[output])
                        for name, output in self.state_outputs.items()}

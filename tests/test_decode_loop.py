@@ -1,0 +1,101 @@
+"""The decode loop: searches of different documents share steps, join and leave at any step, and each
+ends exactly as it would alone; a search that leaves costs no copy of the others' inputs."""
+
+import asyncio
+
+import numpy as np
+
+from models.decoding import BeamSearch, GreedySearch
+from service.runtime.decode_loop import DecodeLoop
+
+VOCAB = 23
+GRAPH = {
+    "name": "decode_step",
+    "inputs": [{"name": "token", "shape": ["batch"]}, {"name": "t", "shape": ["batch"]},
+               {"name": "source", "shape": ["batch", "source"]}, {"name": "mask", "shape": ["batch", "source"]},
+               {"name": "history", "shape": ["batch", "steps"]}, {"name": "self_mask", "shape": ["batch", "steps"]}],
+    "outputs": [{"name": "logp"}, {"name": "next_history"}, {"name": "next_self_mask"}],
+    "state_outputs": {"history": "next_history", "self_mask": "next_self_mask"},
+    "axis_masks": {"source": "mask", "steps": "self_mask"},
+}
+
+
+class ToyDecoder:
+    """A decode graph in numpy whose every row depends on all of its own inputs and nothing else: a row
+    mixed up with another, or reading another's padding, changes its tokens. Values are small integers,
+    so sums are exact whatever the padding."""
+
+    name = "numpy"
+    providers = ["CPU"]
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, np.ndarray]] = []
+
+    def run(self, inputs):
+        self.calls.append(dict(inputs))
+        source = (inputs["source"] * inputs["mask"]).sum(axis=1)
+        history = (inputs["history"] * inputs["self_mask"]).sum(axis=1)
+        key = 0.37 * source + 0.11 * history + 0.05 * inputs["token"] + 0.013 * inputs["t"]
+        logp = np.sin(key[:, None] * np.arange(1, VOCAB + 1)[None, :])
+        return {"logp": logp, "next_history": np.concatenate([inputs["history"], inputs["token"][:, None] % 5.0], 1),
+                "next_self_mask": np.concatenate([inputs["self_mask"], np.ones((len(logp), 1), bool)], 1)}
+
+
+def document(rng, length, rows):
+    source = rng.integers(0, 9, (1, length)).astype(np.float64)
+    fixed = {"source": np.repeat(source, rows, 0), "mask": np.ones((rows, length), bool)}
+    state = {"history": np.zeros((rows, 0)), "self_mask": np.zeros((rows, 0), bool)}
+    return fixed, state
+
+
+def search(limit, beams):
+    vocab = np.arange(VOCAB)
+    return (GreedySearch(0, 1, vocab, limit, 2) if beams == 1 else BeamSearch(0, 1, vocab, limit, 2, beams))
+
+
+async def decode_all(loop, specs, documents, late_after_calls=None, backend=None):
+    """Every search at once; with ``late_after_calls`` the second half starts after that many steps."""
+    async def late(index):
+        while len(backend.calls) < late_after_calls:
+            await asyncio.sleep(0)
+        return await loop.generate(search(*specs[index]), *documents[index])
+
+    half = len(specs) // 2 if late_after_calls else len(specs)
+    runs = [loop.generate(search(*specs[i]), *documents[i]) for i in range(half)]
+    runs += [late(i) for i in range(half, len(specs))]
+    return await asyncio.gather(*runs)
+
+
+async def test_searches_join_and_leave_mid_batch_and_each_equals_its_solo_run():
+    rng = np.random.default_rng(7)
+    # (limit, beams), source lengths: different lengths, beams and ends; more rows than one batch holds
+    specs = [(int(rng.integers(4, 30)), int(rng.choice([1, 1, 2, 3]))) for _ in range(14)]
+    documents = [document(rng, int(rng.integers(2, 40)), beams) for _, beams in specs]
+    solo = []
+    for spec, doc in zip(specs, documents, strict=True):
+        alone = DecodeLoop(ToyDecoder(), "m", GRAPH, max_batch_size=8)
+        solo.append(await alone.generate(search(*spec), *doc))
+        await alone.close()
+    backend = ToyDecoder()
+    loop = DecodeLoop(backend, "m", GRAPH, max_batch_size=8)
+    together = await decode_all(loop, specs, documents, late_after_calls=5, backend=backend)
+    assert together == solo
+    rows = [len(call["token"]) for call in backend.calls]
+    assert max(rows) == 8 and len(rows) < sum(len(ids) for ids in solo)
+    assert len({call["source"].shape[1] for call in backend.calls}) > 1  # the padding was cut as long ones left
+    await loop.close()
+
+
+async def test_a_search_that_leaves_costs_no_copy_of_the_others_inputs():
+    rng = np.random.default_rng(3)
+    specs = [(limit, 1) for limit in (6, 9, 12, 15, 18, 21)]
+    documents = [document(rng, 16, 1) for _ in specs]  # one source length: no padding to cut
+    backend = ToyDecoder()
+    loop = DecodeLoop(backend, "m", GRAPH, max_batch_size=8)
+    await decode_all(loop, specs, documents)
+    leaves = [(before, after) for before, after in zip(backend.calls, backend.calls[1:], strict=False)
+              if len(after["token"]) < len(before["token"])]
+    assert len(leaves) >= 4  # the searches end at different steps
+    for before, after in leaves:  # the rows that stay are where they were: the same memory
+        assert np.shares_memory(before["source"], after["source"])
+    await loop.close()
