@@ -7,7 +7,7 @@ Protocol
    pointing at the repository; every other ``RTSERVE_*`` variable of the caller passes through,
    so ``RTSERVE_MAX_QUEUE_DELAY_MS=0 rtserve bench`` measures that setting. Wait for ``/readyz``.
 2. Prepare every input before any timing (:mod:`loadtest.bench_inputs`): request bodies are bytes,
-   sent by one ``httpx.AsyncClient`` with keep-alive, so the client stays cheap on a CPU it shares
+   sent by one ``aiohttp.ClientSession`` with keep-alive, so the client stays cheap on a CPU it shares
    with the server (its CPU time during served runs is reported as ``client_cpu_share``).
 3. Scenarios (``--only`` picks some), each repeated ``--repeats`` times; served and offline runs
    alternate in order from one repeat to the next, and the medians are reported:
@@ -192,10 +192,10 @@ class Server:
             if self.process.poll() is not None:
                 raise BenchError(f"the service exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
-                answer = await client.http.get("/readyz")
-                if answer.status_code == 200:
+                status, content = await client.get("/readyz")
+                if status == 200:
                     return
-                reason = answer.text
+                reason = content.decode(errors="replace")
             except Exception as error:  # not listening yet
                 reason = f"{type(error).__name__}: {error}"
             await asyncio.sleep(0.2)
@@ -218,46 +218,60 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 class Client:
-    """Keep-alive HTTP client; bodies are bytes prepared beforehand, answers are checked."""
+    """Keep-alive HTTP client (aiohttp); bodies are bytes prepared beforehand, answers are checked.
+
+    aiohttp rather than httpx (the project's own client): the bench shares the CPU with the service it
+    measures, and httpx spent 1.5-1.9 ms of CPU per request here against aiohttp's 0.3 (docs/serving.md).
+    """
 
     def __init__(self, base_url: str, api_key: str | None, connections: int) -> None:
-        import httpx
+        import aiohttp
 
         headers = {"content-type": "application/json"} | ({"x-api-key": api_key} if api_key else {})
-        self.http = httpx.AsyncClient(
-            base_url=base_url, headers=headers, timeout=httpx.Timeout(600.0),
-            limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        self.http = aiohttp.ClientSession(
+            base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600.0),
+            connector=aiohttp.TCPConnector(limit=connections),
         )
 
+    async def _call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        async with self.http.request(method, path, data=body) as answer:
+            return answer.status, await answer.read()
+
     async def post(self, path: str, body: bytes = b"{}") -> dict[str, Any]:
-        answer = await self.http.post(path, content=body)
-        if answer.status_code >= 400:
-            raise BenchError(f"POST {path} answered {answer.status_code}: {answer.text[:500]}")
-        return answer.json()
+        status, content = await self._call("POST", path, body)
+        if status >= 400:
+            raise BenchError(f"POST {path} answered {status}: {content[:500].decode(errors='replace')}")
+        return json.loads(content)
 
     async def delete(self, path: str) -> None:
-        answer = await self.http.delete(path)
-        if answer.status_code >= 400:
-            raise BenchError(f"DELETE {path} answered {answer.status_code}: {answer.text[:500]}")
+        status, content = await self._call("DELETE", path)
+        if status >= 400:
+            raise BenchError(f"DELETE {path} answered {status}: {content[:500].decode(errors='replace')}")
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        return await self._call("GET", path)
+
+    async def _get_ok(self, path: str) -> bytes:
+        status, content = await self.get(path)
+        if status >= 400:
+            raise BenchError(f"GET {path} answered {status}: {content[:500].decode(errors='replace')}")
+        return content
 
     async def models(self) -> list[dict[str, Any]]:
-        answer = await self.http.get("/models")
-        answer.raise_for_status()
-        return answer.json()
+        return json.loads(await self._get_ok("/models"))
 
     async def metrics(self) -> Samples:
         from prometheus_client.parser import text_string_to_metric_families
 
-        answer = await self.http.get("/metrics")
-        answer.raise_for_status()
+        text = (await self._get_ok("/metrics")).decode()
         return {
             (sample.name, frozenset(sample.labels.items())): float(sample.value)
-            for family in text_string_to_metric_families(answer.text)
+            for family in text_string_to_metric_families(text)
             for sample in family.samples
         }
 
     async def close(self) -> None:
-        await self.http.aclose()
+        await self.http.close()
 
 
 def metric_delta(before: Samples, after: Samples) -> Samples:
@@ -900,7 +914,6 @@ def parse_options(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None, meter: EnergyMeter | None = None) -> int:
     options = parse_options(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rtserve bench: %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     meter = meter or EnergyMeter()
     counts = QUICK if options.quick else Counts()
     machine = machine_info(meter.names)
