@@ -224,13 +224,15 @@ class Client:
     measures, and httpx spent 1.5-1.9 ms of CPU per request here against aiohttp's 0.3 (docs/serving.md).
     """
 
-    def __init__(self, base_url: str, api_key: str | None, connections: int) -> None:
+    def __init__(self, base_url: str, api_key: str | None, connections: int, keep_alive_seconds: float = 2.5) -> None:
+        """``keep_alive_seconds``: how long an idle connection is kept; below the service's own keep-alive
+        timeout, so that a connection is never reused just as the service closes it."""
         import aiohttp
 
         headers = {"content-type": "application/json"} | ({"x-api-key": api_key} if api_key else {})
         self.http = aiohttp.ClientSession(
             base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600.0),
-            connector=aiohttp.TCPConnector(limit=connections),
+            connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=keep_alive_seconds),
         )
 
     async def _call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
@@ -847,7 +849,7 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
     log_path = options.server_log or Path(tempfile.mkdtemp(prefix="rtserve-bench-")) / "server.log"
     api_key = service.api_keys[0] if service.api_keys else None
     connections = max((*counts.sessions, counts.articles, counts.rsa_sessions, counts.gpu_sessions)) + 4
-    client = Client(f"http://{HOST}:{port}", api_key, connections)
+    client = Client(f"http://{HOST}:{port}", api_key, connections, service.keep_alive_timeout_seconds / 2)
     server = Server(options.model_repository, port, log_path)
     log.info("service starting on port %d (log: %s)", port, log_path)
     try:
