@@ -657,20 +657,41 @@ class SRformer(nn.Module):
         src_index = torch.searchsorted(ids, source_ids).clamp(max=width - 1)  # (B, k)
         return torch.where(valid, ids, torch.full_like(ids, c.pad_id)), valid, src_index
 
+    @property
+    def folds_output_head(self) -> bool:
+        """Decoding folds the output layer once per document (:meth:`output_head`) where the candidates
+        are the document's own ids; over all of WordPiece the folded weights would be vocab_size x d per row."""
+        return self.config.output_vocab == "source"
+
+    def output_head(self, vocab_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tied output layer folded for candidate ids (B, V): weights (B, V, d) and biases (B, V).
+
+        logits = (x W_o' + b_o) w' + b_w with w = wte[vocab_ids] (B, V, E) and W_o, b_o = embed_out,
+        which is x (w W_o)' + (w b_o + b_w). Folded once per document, a decoder step reads V x d
+        numbers per row instead of gathering V x E from the embedding table (d = 128 < E = 384).
+        """
+        w = self.wte[vocab_ids]
+        return w @ self.embed_out.weight, w @ self.embed_out.bias + self.out_bias[vocab_ids]
+
     def _output(self, x: torch.Tensor, att: torch.Tensor, pos: torch.Tensor, vocab_ids: torch.Tensor,
-                vocab_mask: torch.Tensor, src_index: torch.Tensor) -> torch.Tensor:
+                vocab_mask: torch.Tensor, src_index: torch.Tensor,
+                head: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Log-probabilities (B, T, V) over vocab_ids from decoder states x (B, T, d).
 
-        With ``copy``: p = g p_vocab + (1 - g) p_copy, p_copy the last layer's
+        ``head``: the output layer folded for these ids (:meth:`output_head`), else it is applied as
+        written. With ``copy``: p = g p_vocab + (1 - g) p_copy, p_copy the last layer's
         cross-attention weights att (B, h, T, n) over source positions pos (B, n)
         (the attended segment in segmented/SRformer modes), averaged over heads
         and added up per token id.
         """
         x = self.ln_f(x)
-        h = self.embed_out(x)  # (B, T, E)
-        w = self.wte[vocab_ids]  # (B, V, E) tied output embeddings
         # float32 from here on whatever the weights' precision: NEG and 1e-30 below need its range
-        logits = (h @ w.transpose(1, 2) + self.out_bias[vocab_ids][:, None, :]).float()  # (B, T, V)
+        if head is None:
+            w = self.wte[vocab_ids]  # (B, V, E) tied output embeddings
+            logits = (self.embed_out(x) @ w.transpose(1, 2) + self.out_bias[vocab_ids][:, None, :]).float()
+        else:
+            weight, bias = head
+            logits = (x @ weight.transpose(1, 2) + bias[:, None, :]).float()  # (B, T, V)
         logits = logits.masked_fill(~vocab_mask[:, None, :], NEG)
         if self.copy_gate is None:
             return logits.log_softmax(dim=-1)
@@ -724,8 +745,10 @@ class SRformer(nn.Module):
 
     def step(self, token: torch.Tensor, t: int | torch.Tensor, cache: Mapping[str, torch.Tensor],
              memory: list[dict[str, torch.Tensor]], mask: torch.Tensor, vocab_ids: torch.Tensor,
-             vocab_mask: torch.Tensor, src_index: torch.Tensor) -> tuple[torch.Tensor, State]:
-        """One decoder step: token (B,) at position t -> log-probabilities (B, V), the next cache."""
+             vocab_mask: torch.Tensor, src_index: torch.Tensor,
+             head: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, State]:
+        """One decoder step: token (B,) at position t -> log-probabilities (B, V), the next cache.
+        ``head``: the output layer folded for ``vocab_ids`` once per search (:meth:`output_head`)."""
         m, q = self.schedule(mask)
         t = torch.as_tensor(t, device=m.device).expand_as(m)  # (B,): one step index, or one per row (export)
         seg = segment_index(t, m, q)  # (B,)
@@ -742,7 +765,7 @@ class SRformer(nn.Module):
             x, block_cache, att, pos = block.step(x, {n: cache[f"{n}{layer}"] for n in names}, mem, mask, seg,
                                                   cache["prev"], context, self_valid)
             new.update({f"{n}{layer}": block_cache[n] for n in names})
-        return self._output(x[:, None], att[:, :, None], pos, vocab_ids, vocab_mask, src_index)[:, 0], new
+        return self._output(x[:, None], att[:, :, None], pos, vocab_ids, vocab_mask, src_index, head)[:, 0], new
 
     # -- generation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -785,10 +808,11 @@ class SRformer(nn.Module):
         """
         offsets = np.cumsum([0] + [search.rows for search in searches])
         cache = self.init_cache(int(offsets[-1]), mask.device)
+        head = self.output_head(vocab_ids) if self.folds_output_head else None  # as the service's decode graph
         t = 0
         while not all(search.done for search in searches):
             tokens = torch.as_tensor(np.concatenate([search.tokens for search in searches]), device=mask.device)
-            logp, cache = self.step(tokens, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)
+            logp, cache = self.step(tokens, t, cache, memory, mask, vocab_ids, vocab_mask, src_index, head)
             logp = logp.float().cpu().numpy()
             parents = np.arange(offsets[-1])
             for search, start, end in zip(searches, offsets[:-1], offsets[1:], strict=True):

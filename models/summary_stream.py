@@ -7,7 +7,8 @@ the segment contract that the service wraps.
     absorb(state, inputs, o) -> state, part          # Eq. 15, 13: K'V and sum(K^2) accumulate
     join(parts)              -> chunk                # append-only keys / values of a piece
     memory(state, chunks)    -> memory, source_ids   # what the decoder attends to
-    decoder_inputs(...)      -> fixed, cache         # the decode_step graph's inputs at t = 0
+    decoder_inputs(...)      -> fixed, cache         # the decode_step graph's inputs at t = 0 (with the
+                                                     # output_head graph's, where the model folds it)
 
 A session's bounded state is the cutter's pending text and ids, the last source token, the number of
 encoded tokens and, per decoder layer l, the running ``kv{l}`` (h, dh, dh) and ``ksq{l}`` (h,)
@@ -146,12 +147,13 @@ class SummaryStream:
         return vocab_ids, np.searchsorted(vocab_ids, source_ids[0]).astype(np.int64)
 
     def decoder_inputs(self, memory: Arrays, source_ids: np.ndarray, vocab_ids: np.ndarray,
-                       src_index: np.ndarray, rows: int) -> tuple[Arrays, Arrays]:
+                       src_index: np.ndarray, rows: int, head: Arrays | None = None) -> tuple[Arrays, Arrays]:
         """The ``decode_step`` inputs that stay fixed over a search (repeated for its ``rows``) and the
-        decoder cache at t = 0 (Algorithm 1: empty self-attention, RAF state reset)."""
+        decoder cache at t = 0 (Algorithm 1: empty self-attention, RAF state reset). ``head``: the
+        ``output_head`` graph's outputs for ``vocab_ids``, for a decode graph that reads them."""
         fixed = repeat_rows({"mask": np.ones_like(source_ids, dtype=bool), "vocab_ids": vocab_ids[None],
                              "vocab_mask": np.ones((1, len(vocab_ids)), dtype=bool),
-                             "src_index": src_index[None], **memory}, rows)
+                             "src_index": src_index[None], **(head or {}), **memory}, rows)
         cache: Arrays = {"prev": np.full(rows, -1, dtype=np.int64), "last": np.full(rows, -1, dtype=np.int64),
                          "self_mask": np.zeros((rows, 0), dtype=bool)}
         for layer in range(self.layers):

@@ -107,6 +107,7 @@ async def test_different_documents_share_decode_batches_and_each_equals_its_solo
     from service.settings import Settings
 
     model = load_model(repository[0] / "srformer-tiny" / "1", "onnx", Settings(model_repository=repository[0]))
+    assert "output_head" in model.batchers  # candidates from the document: the output layer is folded per document
     decode = model.batchers["decode_step"]
     decode.backend = recording = RecordingBackend(decode.backend)
     options = [{"max_length": 40}, {"max_length": 25}, {"max_length": 33, "beam_size": 3}, {"max_length": 12}]
@@ -133,5 +134,31 @@ async def test_different_documents_share_decode_batches_and_each_equals_its_solo
     assert [finished.result for _, finished in together] == solo
     assert max(recording.rows) >= 5  # different sources, vocabularies and positions in one step
     assert len(recording.rows) < sum(r["summary_tokens"] for r in solo)  # far fewer steps than tokens
+    for runner in model.batchers.values():
+        await runner.close()
+
+
+@pytest.mark.slow
+async def test_a_model_over_all_of_wordpiece_folds_no_output_layer_and_serves_the_eager_summary(tmp_path):
+    """Folded per document, the output layer of a model over all 30,522 ids would be 30,522 x d numbers per
+    row: such a model's decode graph applies it as written, and no output_head graph is exported."""
+    from export.exporter import export_checkpoint
+    from models.minilm import load_minilm_encoder, load_minilm_tokenizer
+    from models.serving.srformer import EagerSummarizer
+    from models.srformer import load_srformer
+    from service.runtime.pipeline import run_whole
+    from service.runtime.registry import load_model
+    from service.settings import Settings
+    from tests.tiny_checkpoints import tiny_srformer
+
+    checkpoint = tiny_srformer(tmp_path / "weights" / "srformer-wordpiece", output_vocab="full")
+    entry = export_checkpoint(checkpoint, tmp_path / "repository", formats=("onnx",))
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert [graph["name"] for graph in manifest["graphs"]] == ["encode_window", "decode_step"]
+    model = load_model(entry, "onnx", Settings(model_repository=tmp_path / "repository"))
+    _, finished = await run_whole(model.pipeline, TEXT, options={"max_length": 20})
+    eager = EagerSummarizer(load_srformer(str(checkpoint)), load_minilm_encoder(), load_minilm_tokenizer())
+    assert finished.result["summary"] == eager.summarize(TEXT, no_repeat_ngram=3, max_len=20)
+    assert finished.result["summary_tokens"] > 0
     for runner in model.batchers.values():
         await runner.close()

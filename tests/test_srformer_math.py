@@ -50,13 +50,14 @@ def teacher_forced(model: SRformer, enc, mask, source_ids, tokens) -> torch.Tens
     return model(tokens, memory, mask, *model.vocab(source_ids, mask))
 
 
-def step_by_step(model: SRformer, enc, mask, source_ids, tokens) -> torch.Tensor:
+def step_by_step(model: SRformer, enc, mask, source_ids, tokens, folded: bool = False) -> torch.Tensor:
     memory = model.memory(enc, mask, source_ids)
     vocab = model.vocab(source_ids, mask)
+    head = model.output_head(vocab[0]) if folded else None
     cache = model.init_cache(tokens.shape[0])
     out = []
     for t in range(tokens.shape[1]):
-        logits, cache = model.step(tokens[:, t], t, cache, memory, mask, *vocab)
+        logits, cache = model.step(tokens[:, t], t, cache, memory, mask, *vocab, head)
         out.append(logits)
     return torch.stack(out, dim=1)
 
@@ -114,6 +115,21 @@ def test_step_by_step_equals_teacher_forced(mode, options, ratio, norm):
     assert finite.any() and parallel[finite].std() > 0.1
     torch.testing.assert_close(stepwise[finite], parallel[finite], atol=TOL, rtol=0)
     assert torch.equal(finite, stepwise > -1e20)
+
+
+@pytest.mark.parametrize("mode,options", [("full", {}), ("srformer", {"recurrent_norm": "kernel"})])
+def test_the_output_layer_folded_once_per_document_equals_it_as_written(mode, options):
+    """Decoding reads x (w W_o)' + (w b_o + b_w), folded once per document (output_head); training
+    reads (x W_o' + b_o) w' + b_w: the same log-probabilities."""
+    model = tiny(mode, **options)
+    fix_ids(model)
+    data = batch(model, [45, 29, 8, 3], k=45, T=24)
+    parallel = teacher_forced(model, *data)
+    folded = step_by_step(model, *data, folded=True)
+    finite = parallel > -1e20
+    assert finite.any() and parallel[finite].std() > 0.1
+    torch.testing.assert_close(folded[finite], parallel[finite], atol=TOL, rtol=0)
+    assert torch.equal(finite, folded > -1e20)
 
 
 @pytest.mark.parametrize("mode,options", [("full", {}), ("segmented", {}), ("srformer", {}),

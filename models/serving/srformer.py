@@ -5,6 +5,9 @@
   and its contributions ``kv{l}`` (B, h, dh, c), ``ksq{l}`` (B, h) to the running K'V and
   sum(K^2) accumulators (Eq. 15, 13; c = dh, or dh + 1 for the kernel form of O_R: phi(K)'[V, 1],
   Eq. 22). MiniLM reads the window as ``[CLS] w [SEP]`` (w <= 510).
+- ``output_head`` (models whose candidates are the document's own ids): vocab_ids (B, V) -> the
+  tied output layer folded for them, ``vocab_weight`` (B, V, d) and ``vocab_bias`` (B, V); run once
+  per document, both are fixed inputs of every decode step after (``SRformer.output_head``).
 - ``decode_step``: one step of Algorithm 1 — token, position, self-attention caches and RAF
   state in; log-probabilities over the document's candidate ids and the next caches out.
 
@@ -49,6 +52,15 @@ class EncodeWindow(nn.Module):
         return tuple(outputs)
 
 
+class OutputHead(nn.Module):
+    def __init__(self, model: SRformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, vocab_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.output_head(vocab_ids)
+
+
 class DecodeStep(nn.Module):
     """Positional wrapper of :meth:`SRformer.step` (the cache and memory dicts flattened)."""
 
@@ -56,11 +68,15 @@ class DecodeStep(nn.Module):
         super().__init__()
         self.model = model
         self.n_layer = model.config.n_layer
+        self.folded = model.folds_output_head
 
     def forward(self, token: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, vocab_ids: torch.Tensor,
                 vocab_mask: torch.Tensor, src_index: torch.Tensor, prev: torch.Tensor, last: torch.Tensor,
-                self_mask: torch.Tensor, *layers: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # layers: per layer self_k, self_v, membrane, raf_out (cache), then k, v, kv, ksq (memory)
+                self_mask: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # rest: vocab_weight, vocab_bias when folded; then per layer self_k, self_v, membrane, raf_out
+        # (cache), then k, v, kv, ksq (memory)
+        head = (rest[0], rest[1]) if self.folded else None
+        layers = rest[2:] if self.folded else rest
         cache = {"prev": prev, "last": last, "self_mask": self_mask}
         memory = []
         for layer in range(self.n_layer):
@@ -68,7 +84,7 @@ class DecodeStep(nn.Module):
             cache.update({f"self_k{layer}": self_k, f"self_v{layer}": self_v,
                           f"membrane{layer}": membrane, f"raf_out{layer}": raf_out})
             memory.append({"k": k, "v": v, "kv": kv, "ksq": ksq})
-        logp, new = self.model.step(token, t, cache, memory, mask, vocab_ids, vocab_mask, src_index)
+        logp, new = self.model.step(token, t, cache, memory, mask, vocab_ids, vocab_mask, src_index, head)
         outputs = [logp, new["prev"], new["last"], new["self_mask"]]
         for layer in range(self.n_layer):
             outputs += [new[f"self_k{layer}"], new[f"self_v{layer}"], new[f"membrane{layer}"], new[f"raf_out{layer}"]]
@@ -81,6 +97,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
     c = model.config
     h, dh, layers = c.n_head, c.d_model // c.n_head, c.n_layer
     encoder = load_minilm_encoder().eval()  # the frozen MiniLM the model was trained on
+    folded = model.folds_output_head  # the decode graph reads the output_head graph's outputs
 
     def encode_sample(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         width = int(torch.randint(3, 40, (1,), generator=generator))
@@ -110,8 +127,13 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
             V = torch.randn(batch, h, k, dh, generator=generator)
             kv = kernel_product(K, V, torch.ones(batch, 1, k, 1)) if c.kv_columns > dh else K.transpose(-2, -1) @ V
             flat += [K, V, kv, (K * K).sum(dim=(-2, -1))]
+        head = [part.detach() for part in model.output_head(vocab_ids)] if folded else []
         return (token, t, mask, vocab_ids, torch.ones_like(vocab_ids, dtype=torch.bool), src_index, prev, last,
-                self_mask, *flat)
+                self_mask, *head, *flat)
+
+    def head_sample(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        width = int(torch.randint(3, 40, (1,), generator=generator))
+        return (torch.sort(torch.randint(1000, c.vocab_size, (batch, width), generator=generator), dim=1)[0],)
 
     window_outputs: list[TensorSpec] = []
     for layer in range(layers):
@@ -150,6 +172,10 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         TensorSpec("last", "int64", ("batch",)),
         TensorSpec("self_mask", "bool", ("batch", "steps")),
     ]
+    head_outputs = [TensorSpec("vocab_weight", "float32", ("batch", "vocab", c.d_model)),
+                    TensorSpec("vocab_bias", "float32", ("batch", "vocab"))]
+    if folded:
+        decode_inputs += head_outputs
     for layer in range(layers):
         decode_inputs += cache_in[4 * layer: 4 * layer + 4] + [
             TensorSpec(f"k{layer}", "float32", ("batch", h, "source", dh)),
@@ -171,6 +197,14 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         axis_masks={"source": "mask", "vocab": "vocab_mask", "steps": "self_mask"},
         onnx_exporter="torchscript",  # varargs + dynamic shapes trip torch.export in torch 2.13
     )
+    head = Graph(
+        name="output_head",
+        module=OutputHead(model),
+        inputs=[TensorSpec("vocab_ids", "int64", ("batch", "vocab"))],
+        outputs=head_outputs,
+        sample_inputs=head_sample,
+        onnx_exporter="torchscript",
+    )
     state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh, c.kv_columns)
     extras = checkpoint.extras
     decode_defaults = extras.get("decode", extras)  # the search settings chosen on dev, where recorded
@@ -178,7 +212,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         name="",
         task="summarize",
         family="srformer",
-        graphs=[encode, decode],
+        graphs=[encode, head, decode] if folded else [encode, decode],
         state_spec=state_spec,
         settings={
             **stream_settings(c),

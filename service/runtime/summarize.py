@@ -2,7 +2,8 @@
 
 The stream owns the model's rules (cutting text into encoder windows, the Eq. 15 / 13 accumulators,
 the chunk layout, the decoder's inputs); this pipeline runs each closed window through the
-``encode_window`` batcher and the search (``models/decoding.py``) on the shared decode loop,
+``encode_window`` batcher, the document's candidate ids through ``output_head`` (once, where the
+model folds its output layer) and the search (``models/decoding.py``) on the shared decode loop,
 optionally streaming the summary as it is generated."""
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class SummarizePipeline:
         self.manifest, self.over_limit = manifest, over_limit
         self.settings = s = manifest["settings"]
         self.encode, self.decode = graphs["encode_window"], graphs["decode_step"]
+        self.head = graphs.get("output_head")  # the output layer folded once per document, where exported
         assert isinstance(self.encode, DynamicBatcher) and isinstance(self.decode, DecodeLoop)
+        assert self.head is None or isinstance(self.head, DynamicBatcher)
         self.tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
         self.detokenizer = Detokenizer(self.tokenizer)
         self.stream = SummaryStream(s, self.tokenizer)
@@ -123,7 +126,8 @@ class SummarizePipeline:
         self, memory: Arrays, source_ids: np.ndarray, limit: int, beams: int, on_token: TokenCallback | None,
     ) -> list[int]:
         vocab_ids, src_index = self.stream.vocabulary(source_ids)
-        fixed, state = self.stream.decoder_inputs(memory, source_ids, vocab_ids, src_index, beams)
+        head = await self.head.submit({"vocab_ids": vocab_ids[None]}) if self.head is not None else None
+        fixed, state = self.stream.decoder_inputs(memory, source_ids, vocab_ids, src_index, beams, head)
         s = self.settings
         bos, eos, no_repeat = int(s["bos_id"]), int(s["eos_id"]), int(s["no_repeat_ngram"])
         search: Search = (GreedySearch(bos, eos, vocab_ids, limit, no_repeat, on_token) if beams == 1
