@@ -52,6 +52,9 @@ Protocol
    round trip; ``live_counts`` runs at each scrape and is left out) over the delta of
    ``rtserve_request_duration_seconds_sum`` for that route. Each timing spans the whole round trip
    (the client's encoding, the socket and the server); safetensors encoding of the state is outside.
+   Every ratio is the median over the repeats of the ratio within a repeat, whose two runs were taken
+   one right after the other (not the ratio of the two sides' medians, which pairs runs of different
+   repeats: on a VM whose speed drifts by 20 % within minutes the two differ by as much).
 4. Stop the service (SIGTERM, wait), write the JSON and the markdown table, print the table.
 """
 
@@ -484,7 +487,7 @@ async def run_e2e(bench: Bench, sessions: list[SessionInput], offline: OfflineSt
         "pieces_per_repeat": sum(len(s.pieces) for s in sessions),
         "piece_ms_median": piece_ms,
         "step_ms_median": step_ms,
-        "e2e_per_step": piece_ms / step_ms,
+        "e2e_per_step": median([r["ratio"] for r in repeats]),
         "server_step_ms_mean": 1000 * histogram_mean(metrics, "rtserve_step_duration_seconds", model=model),
         "redis": redis_share(metrics),
         "repeats": repeats,
@@ -522,7 +525,7 @@ async def run_throughput(bench: Bench, sessions: list[SessionInput], offline: Of
             "segments_per_repeat": segments,
             "served_segments_per_second": served,
             "offline_segments_per_second": offline_rate,
-            "served_over_offline": served / offline_rate,
+            "served_over_offline": median([r["ratio"] for r in repeats]),
             "mean_batch_size": histogram_mean(metrics, "rtserve_batch_size", model=model),
             "client_cpu_share": median([r["client_cpu_share"] for r in repeats]),
             "redis": redis_share(metrics),
@@ -648,7 +651,7 @@ async def concurrent_vs_sequential(
     return {
         f"concurrent_{unit}_per_second": concurrent_rate,
         f"sequential_{unit}_per_second": sequential_rate,
-        "ratio": concurrent_rate / sequential_rate,
+        "ratio": median([r["ratio"] for r in repeats]),
         "cores": cores,
         **cpu,
         "ratio_ceiling": median([r["ratio_ceiling"] for r in repeats]),
