@@ -70,7 +70,8 @@ def ban_columns(logp_row: np.ndarray, banned: set[int], vocab_ids: np.ndarray) -
         return
     tokens = np.fromiter(banned, dtype=np.int64, count=len(banned))
     columns = np.searchsorted(vocab_ids, tokens).clip(max=len(vocab_ids) - 1)
-    logp_row[columns[vocab_ids[columns] == tokens]] = NEG
+    with np.errstate(over="ignore"):  # a float16 row (an fp16 export): NEG becomes -inf, as banned
+        logp_row[columns[vocab_ids[columns] == tokens]] = NEG
 
 
 class GreedySearch:

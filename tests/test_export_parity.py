@@ -119,3 +119,26 @@ def test_a_full_attention_summarizer_whose_graph_drops_unused_inputs_still_runs(
     with torch.no_grad():
         expected = graph.module(*sample)
     np.testing.assert_allclose(got["logp"], expected[0].numpy(), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.slow
+async def test_an_fp16_summarizer_export_summarizes_on_the_cpu_provider(tmp_path):
+    """ONNX Runtime's CPU provider has no float16 ScatterElements with reduction "add" (the copy
+    distribution): the fp16 export keeps that op in float32, its casts sorted into place."""
+    from service.runtime.pipeline import run_whole
+    from service.runtime.registry import load_model
+    from service.settings import Settings
+
+    checkpoint = tiny_srformer(tmp_path / "weights" / "srformer-half")
+    entry = export_checkpoint(checkpoint, tmp_path / "repository", formats=("onnx",), fp16=True)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    decode = next(graph for graph in manifest["graphs"] if graph["name"] == "decode_step")
+    scatter = [node for node in onnx.load(str(entry / decode["files"]["onnx"])).graph.node
+               if node.op_type == "ScatterElements"]
+    assert scatter and manifest["precision"] == "fp16"
+    model = load_model(entry, "onnx", Settings(model_repository=tmp_path / "repository"))
+    text = "The council voted to close the library on Sundays. Residents said the cut would hurt students. " * 3
+    _, finished = await run_whole(model.pipeline, text, options={"max_length": 12})
+    assert 0 < finished.result["summary_tokens"] <= 12 and finished.result["summary"]
+    for runner in model.batchers.values():
+        await runner.close()
