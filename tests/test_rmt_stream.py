@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -144,3 +145,32 @@ def test_cut_points_split_tokenization(tokenizer):
         left = tokenizer.encode(text[:cut], add_special_tokens=False).ids if cut else []
         right = tokenizer.encode(text[cut:], add_special_tokens=False).ids if text[cut:] else []
         assert left + right == ids, (i, cut)
+
+
+def test_the_cutter_tokenizes_as_the_tokenizer_does_one_text_at_a_time(tokenizer):
+    """The cutter calls encode_batch (it releases the GIL, so a long piece can be cut on a thread) and must
+    give exactly what encode gives, on real articles and on odd text."""
+    from loadtest.bench_inputs import bbc_texts, hyperpartisan_texts
+
+    data = Path(__file__).resolve().parents[2] / "shared" / "data"
+    texts = [*bbc_texts(data, 40), *hyperpartisan_texts(data)[:40],
+             "Hello, wörld!北京 x\u0301y  tabs\tand\nnewlines. end", " ", "a" * 3000]
+    cutter = SegmentCutter(tokenizer, 128, None, 1024)
+    for text in texts:
+        assert cutter.token_ids(text) == tokenizer.encode(text, add_special_tokens=False).ids
+
+
+async def test_a_long_piece_is_cut_off_the_event_loop_and_a_short_one_on_it():
+    import threading
+
+    from service.runtime.pipeline import OFF_LOOP_CHARS, cut_text
+
+    threads = []
+
+    def feed(state, text):
+        threads.append(threading.current_thread())
+        return state, len(text)
+
+    assert await cut_text(feed, {}, "x" * (OFF_LOOP_CHARS - 1)) == ({}, OFF_LOOP_CHARS - 1)
+    assert await cut_text(feed, {}, "x" * OFF_LOOP_CHARS) == ({}, OFF_LOOP_CHARS)
+    assert threads[0] is threading.main_thread() and threads[1] is not threading.main_thread()

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from models.classifier_stream import ClassifierStream
 from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
-from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, cut_text, load_initial_state
 
 
 class ClassifyPipeline:
@@ -43,7 +43,7 @@ class ClassifyPipeline:
 
     async def consume(self, state: Mapping[str, np.ndarray], piece: str) -> Consumed:
         before = self.stream.tokens_read(state)
-        cut_state, segments = self.stream.feed(state, piece)
+        cut_state, segments = await cut_text(self.stream.feed, state, piece)
         self._check(cut_state)
         new_state = await self._run(cut_state, segments)
         consumed = self.stream.tokens_read(new_state) - before

@@ -21,7 +21,7 @@ from models.summary_stream import SummaryStream
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.detokenize import Detokenizer, WordStream
-from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, cut_text, load_initial_state
 
 
 class SummarizePipeline:
@@ -47,7 +47,7 @@ class SummarizePipeline:
     # ---- reading the document ------------------------------------------------------------------
     async def consume(self, state: Mapping[str, np.ndarray], piece: str) -> Consumed:
         before = self.stream.tokens_read(state)
-        cut_state, windows = self.stream.feed(state, piece)
+        cut_state, windows = await cut_text(self.stream.feed, state, piece)
         self._check(cut_state)
         new_state, chunk = await self._encode(cut_state, windows)
         read = self.stream.tokens_read(new_state)
