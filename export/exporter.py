@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
 from models.segment import TensorSpec
+from models.serving.onnx_fp16 import to_float16
 from models.serving.servable import Graph, Servable, build_servable
 
 log = logging.getLogger(__name__)
@@ -84,34 +85,9 @@ def export_onnx(graph: Graph, path: Path, fp16: bool = False) -> None:
             )
     model = onnx.load(str(path))
     if fp16:
-        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
-
-        from service.runtime.backends import FP16_BLOCKED_OPS
-
-        # ops ONNX Runtime's CPU provider has no float16 kernel for stay float32, cast around
-        model = convert_float_to_float16(model, keep_io_types=False,
-                                         op_block_list=[*DEFAULT_OP_BLOCK_LIST, *FP16_BLOCKED_OPS])
-        sort_topologically(model.graph)  # the converter appends those casts at the end of the node list
+        model = to_float16(model, keep_io_types=False)
         onnx.save(model, str(path))
     onnx.checker.check_model(model, full_check=True)
-
-
-def sort_topologically(graph: Any) -> None:
-    """Reorder ``graph.node`` (an ONNX GraphProto's) so that every node comes after the nodes whose
-    outputs it reads, keeping the given order where it already holds."""
-    available = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        ready = [node for node in pending if all(name in available for name in node.input)]
-        if not ready:
-            raise ValueError(f"the graph has a cycle or an undefined input near node {pending[0].name!r}")
-        for node in ready:
-            available.update(node.output)
-        ordered += ready
-        chosen = {id(node) for node in ready}
-        pending = [node for node in pending if id(node) not in chosen]
-    del graph.node[:]
-    graph.node.extend(ordered)
 
 
 def export_torchscript(graph: Graph, path: Path) -> None:

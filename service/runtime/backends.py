@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from models.serving.onnx_fp16 import to_float16
 from service.runtime.devices import DeviceConfigError, torch_dtype
 
 BACKENDS = ("onnx", "torchscript", "torch")
@@ -46,22 +47,11 @@ def onnx_providers_for(device: str) -> list[Any]:
     return [("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)}), "CPUExecutionProvider"]
 
 
-# ops kept in float32 by the fp16 conversion, beyond the converter's own list: ONNX Runtime's CPU
-# provider has no float16 ScatterElements with reduction="add" (SRformer's copy distribution)
-FP16_BLOCKED_OPS = ("ScatterElements",)
-
-
 def fp16_onnx_model(path: str | Path) -> bytes:
-    """The graph at ``path`` with float16 weights and arithmetic, its inputs and outputs still float32.
-
-    Constants beyond float16's range are clamped (SRformer's -1e30 mask value becomes -65504)."""
+    """The graph at ``path`` with float16 weights and arithmetic, its inputs and outputs still float32."""
     import onnx
-    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-    model = convert_float_to_float16(
-        onnx.load(str(path)), keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, *FP16_BLOCKED_OPS]
-    )
-    return model.SerializeToString()
+    return to_float16(onnx.load(str(path)), keep_io_types=True).SerializeToString()
 
 
 def onnx_session(
