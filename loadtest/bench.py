@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from loadtest import bench_inputs as inputs
 from loadtest.bench_gpu import EnergyMeter, energy_rates
@@ -130,20 +131,15 @@ class Span:
 class Stopwatch:
     """Wall time plus the CPU time of a process tree (the service) and of this process (the client)."""
 
-    def __init__(self, server_pid: int | None) -> None:
-        import psutil
-
-        self._psutil = psutil
-        self.server = psutil.Process(server_pid) if server_pid else None
+    def __init__(self, server_pid: int) -> None:
+        self.server = psutil.Process(server_pid)
 
     def _server_cpu(self) -> float:
-        if self.server is None:
-            return 0.0
         total = 0.0
         for process in [self.server, *self.server.children(recursive=True)]:
             try:
                 times = process.cpu_times()
-            except self._psutil.NoSuchProcess:
+            except psutil.NoSuchProcess:
                 continue
             total += times.user + times.system
         return total
@@ -227,7 +223,7 @@ class Client:
     measures, and httpx spent 1.5-1.9 ms of CPU per request here against aiohttp's 0.3 (docs/serving.md).
     """
 
-    def __init__(self, base_url: str, api_key: str | None, connections: int, keep_alive_seconds: float = 2.5) -> None:
+    def __init__(self, base_url: str, api_key: str | None, connections: int, keep_alive_seconds: float) -> None:
         """``keep_alive_seconds``: how long an idle connection is kept; below the service's own keep-alive
         timeout, so that a connection is never reused just as the service closes it."""
         import aiohttp
@@ -238,37 +234,32 @@ class Client:
             connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=keep_alive_seconds),
         )
 
-    async def _call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        async with self.http.request(method, path, data=body) as answer:
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """Status and body, whatever the status."""
+        async with self.http.get(path) as answer:
             return answer.status, await answer.read()
 
+    async def _ok(self, method: str, path: str, body: bytes | None = None) -> bytes:
+        """The body of an answer below 400; any other is a failed request (:class:`BenchError`)."""
+        async with self.http.request(method, path, data=body) as answer:
+            content = await answer.read()
+            if answer.status >= 400:
+                raise BenchError(f"{method} {path} answered {answer.status}: {content[:500].decode(errors='replace')}")
+            return content
+
     async def post(self, path: str, body: bytes = b"{}") -> dict[str, Any]:
-        status, content = await self._call("POST", path, body)
-        if status >= 400:
-            raise BenchError(f"POST {path} answered {status}: {content[:500].decode(errors='replace')}")
-        return json.loads(content)
+        return json.loads(await self._ok("POST", path, body))
 
     async def delete(self, path: str) -> None:
-        status, content = await self._call("DELETE", path)
-        if status >= 400:
-            raise BenchError(f"DELETE {path} answered {status}: {content[:500].decode(errors='replace')}")
-
-    async def get(self, path: str) -> tuple[int, bytes]:
-        return await self._call("GET", path)
-
-    async def _get_ok(self, path: str) -> bytes:
-        status, content = await self.get(path)
-        if status >= 400:
-            raise BenchError(f"GET {path} answered {status}: {content[:500].decode(errors='replace')}")
-        return content
+        await self._ok("DELETE", path)
 
     async def models(self) -> list[dict[str, Any]]:
-        return json.loads(await self._get_ok("/models"))
+        return json.loads(await self._ok("GET", "/models"))
 
     async def metrics(self) -> Samples:
         from prometheus_client.parser import text_string_to_metric_families
 
-        text = (await self._get_ok("/metrics")).decode()
+        text = (await self._ok("GET", "/metrics")).decode()
         return {
             (sample.name, frozenset(sample.labels.items())): float(sample.value)
             for family in text_string_to_metric_families(text)
@@ -434,7 +425,7 @@ class Bench:
     intra_op_threads: int
     intra_op_spinning: bool
     models: dict[str, dict[str, Any]]  # task -> GET /models description of the model measured
-    stopwatch: Stopwatch = field(default_factory=lambda: Stopwatch(None))
+    stopwatch: Stopwatch  # the service's and this client's CPU over each timed run
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # scenario -> why it could not finish
     notes: list[str] = field(default_factory=list)

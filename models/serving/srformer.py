@@ -197,7 +197,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         axis_masks={"source": "mask", "vocab": "vocab_mask", "steps": "self_mask"},
         onnx_exporter="torchscript",  # varargs + dynamic shapes trip torch.export in torch 2.13
     )
-    head = Graph(
+    head_graph = Graph(
         name="output_head",
         module=OutputHead(model),
         inputs=[TensorSpec("vocab_ids", "int64", ("batch", "vocab"))],
@@ -212,7 +212,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         name="",
         task="summarize",
         family="srformer",
-        graphs=[encode, head, decode] if folded else [encode, decode],
+        graphs=[encode, head_graph, decode] if folded else [encode, decode],
         state_spec=state_spec,
         settings={
             **stream_settings(c),

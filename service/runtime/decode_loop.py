@@ -181,15 +181,15 @@ class DecodeLoop(GraphRunner):
 
     def _admit(self, joining: list[_Member]) -> None:
         """Append the arrivals' rows: the batch so far and theirs, padded to the longest extents, in one copy."""
+        def appended(batch: Arrays, theirs: list[Arrays]) -> Arrays:
+            return {name: stack_padded(([batch[name]] if self._members else []) + [own[name] for own in theirs])
+                    for name in theirs[0]}
+
+        self._fixed = appended(self._fixed, [m.fixed for m in joining])
+        self._state = appended(self._state, [m.state for m in joining])
         for member in joining:
             member.rows = np.arange(self._rows, self._rows + member.search.rows)
             self._rows += member.search.rows
-        for arrays, own in ((self._fixed, "fixed"), (self._state, "state")):
-            names = getattr(joining[0], own)
-            stacked = {name: stack_padded(([arrays[name]] if self._members else [])
-                                          + [getattr(m, own)[name] for m in joining]) for name in names}
-            arrays.clear()
-            arrays.update(stacked)
         self._members = self._members + joining
 
     def _squeeze(self) -> None:
