@@ -749,9 +749,12 @@ def service_settings(repository: Path) -> Any:
 
 
 def settings_in_effect(settings: Any) -> dict[str, Any]:
-    shown = ("backend", "model_backends", "intra_op_threads", "intra_op_spinning", "max_batch_size",
+    from service.workers import threads_per_worker
+
+    shown = ("backend", "model_backends", "workers", "intra_op_threads", "intra_op_spinning", "max_batch_size",
              "max_queue_delay_ms", "log_level")
     in_effect: dict[str, Any] = {name: getattr(settings, name) for name in shown}
+    in_effect["intra_op_threads"] = threads_per_worker(settings)  # with workers: each one's share of the cores
     in_effect["redis"] = "embedded"
     in_effect["api_keys"] = "set" if settings.api_keys else "none"
     return in_effect

@@ -31,7 +31,8 @@ PIDFILE = "owner.pid"  # "<service pid> <redis-server pid>"
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when this process's parent dies (Linux; elsewhere nothing)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -111,8 +112,8 @@ class EmbeddedRedis:
         ]
         clean_stale(self.folder)  # a server left in this folder by a service that was killed
         self.socket_path.unlink(missing_ok=True)
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+        self._process = subprocess.Popen(  # die_with_parent runs in the child, between fork and exec
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent
         )
         (self.folder / PIDFILE).write_text(f"{os.getpid()} {self._process.pid}\n")
         deadline = time.monotonic() + self.start_timeout_seconds

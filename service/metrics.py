@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import (
@@ -24,8 +25,10 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
+    generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -216,16 +219,22 @@ disable_created_metrics()
 class ServiceMetrics:
     """Every metric the service exports, registered on one private registry.
 
+    With ``multiprocess_dir`` (a worker among several, :mod:`service.workers`) the values live in
+    prometheus_client's files in that folder, and :meth:`exposition` sums every worker's; the per-process
+    collectors are left out (they would describe only the worker that answers the scrape).
+
     The ``model`` label of the request metrics is the ``name:version`` that served the request, also on errors
     after the model was known (a session's GET, DELETE, 409, ...); it is empty (in PromQL: absent) for requests
     that involve no model (health, metrics, docs, ``/models``) or were refused before one was named.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, collect_gpu: bool = True,
-                 collect_process: bool = True) -> None:
+                 collect_process: bool = True, multiprocess_dir: Path | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.multiprocess_dir = multiprocess_dir
         r = self.registry
-        if collect_process:  # process_cpu_seconds_total, process_resident_memory_bytes, ... and python_info
+        if collect_process and multiprocess_dir is None:
+            # process_cpu_seconds_total, process_resident_memory_bytes, ... and python_info
             ProcessCollector(registry=r)
             PlatformCollector(registry=r)
         self.requests = Counter(
@@ -264,7 +273,7 @@ class ServiceMetrics:
             "rtserve_active_sessions",
             "Open sessions (not finished, deleted or idle-expired) per model, counted in the shared Redis at "
             "scrape time: every replica reports the same figure, so aggregate with max, not sum.",
-            ["model"], registry=r,
+            ["model"], registry=r, multiprocess_mode="mostrecent",  # with workers: the last count read
         )
         self.session_state_bytes = Histogram(
             "rtserve_session_state_bytes", "Size of a session's stored state after a step.", ["model"],
@@ -278,6 +287,16 @@ class ServiceMetrics:
         if self.gpu is not None and self.gpu.available:
             r.register(self.gpu)
         self.energy = EnergyMeter(self.gpu.nvml if self.gpu is not None else None, r)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text of every family: this registry's, or every worker's summed."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self.multiprocess_dir))
+        if self.gpu is not None and self.gpu.available:
+            registry.register(self.gpu)  # read live from NVML by whichever worker answers
+        return generate_latest(registry)
 
     def observe_batch(
         self, model: str, backend: str, graph: str, rows: int, seconds: float, queued: list[float]

@@ -8,19 +8,27 @@ No connection is held for a slow or silent client: uvicorn closes idle keep-aliv
 (``RTSERVE_KEEP_ALIVE_TIMEOUT_SECONDS``), :class:`HeaderTimeoutProtocol` closes a connection whose
 request headers do not arrive within ``RTSERVE_REQUEST_READ_TIMEOUT_SECONDS`` of its first byte (or of
 the connection), and the body middleware answers 408 to a body slower than that.
+
+With ``RTSERVE_WORKERS`` above 1, uvicorn's supervisor runs that many worker processes on the port, each built
+by :func:`worker_app` after :func:`service.workers.shared_by_workers` made what they share.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.app import create_app
+from service.embedded_redis import die_with_parent
 from service.logs import configure_logging, uvicorn_log_config
+from service.metrics import ServiceMetrics
 from service.settings import Settings
+from service.workers import shared_by_workers
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -76,21 +84,37 @@ def protocol_for(settings: Settings) -> type[HeaderTimeoutProtocol]:
                 {"header_timeout_seconds": settings.request_read_timeout_seconds})
 
 
+def worker_app() -> FastAPI:
+    """The app of one worker among several (uvicorn's factory, called in the worker process)."""
+    die_with_parent()
+    supervisor = multiprocessing.parent_process()
+    if supervisor is not None and not supervisor.is_alive():  # it died before we asked to die with it
+        raise SystemExit("rtserve: the worker's parent process is gone")
+    settings = Settings()  # the parent's environment, plus what shared_by_workers set
+    configure_logging(settings.log_level, settings.log_format)
+    HeaderTimeoutProtocol.header_timeout_seconds = settings.request_read_timeout_seconds  # this process's only server
+    return create_app(settings, ServiceMetrics(multiprocess_dir=settings.metrics_dir))
+
+
 def run(host: str | None = None, port: int | None = None) -> None:
     settings = Settings()
     overrides = {key: value for key, value in {"host": host, "port": port}.items() if value is not None}
     if overrides:
         settings = settings.model_copy(update=overrides)
     configure_logging(settings.log_level, settings.log_format)
-    uvicorn.run(
-        create_app(settings),
+    options: dict[str, Any] = dict(
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         log_config=uvicorn_log_config(),  # ours: request ids, text or JSON
         access_log=False,  # the service writes its own (route templates, request ids): RTSERVE_ACCESS_LOG
         loop="uvloop",
-        http=protocol_for(settings),
-        timeout_keep_alive=settings.keep_alive_timeout_seconds,  # type: ignore[arg-type]  (call_later takes float)
+        timeout_keep_alive=settings.keep_alive_timeout_seconds,
         timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds),
     )
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), http=protocol_for(settings), **options)
+        return
+    with shared_by_workers(settings):  # the workers are spawned: they read it from the environment
+        uvicorn.run("service.server:worker_app", factory=True, workers=settings.workers, http=HeaderTimeoutProtocol,
+                    **options)

@@ -121,6 +121,15 @@ class Settings(BaseSettings):
         5.0, gt=0, description="An idle keep-alive connection is closed after this long."
     )
     shutdown_timeout_seconds: float = Field(10.0, ge=0, description="Grace period for in-flight requests.")
+    workers: int = Field(
+        1, ge=1, description="Worker processes serving one port, each a whole replica (models, batcher), sharing "
+        "one Redis and one metrics folder. More than 1 uses more cores for HTTP, JSON and Redis work on a CPU "
+        "host; each worker holds its own copy of every model (also on a GPU).",
+    )
+    metrics_dir: Path | None = Field(
+        None, description="With several workers: the folder where they keep their metric files (emptied at start). "
+        "Default: a temporary folder.",
+    )
     log_level: str = Field("info", description="uvicorn / service log level.")
     access_log: bool = Field(
         False, description="Log one line per HTTP request: method, route template (never the path: no session ids), "

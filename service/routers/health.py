@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 
 from service.dependencies import FlowDep, MetricsDep, StoreDep
@@ -79,4 +79,4 @@ async def metrics(metrics: MetricsDep, flow: FlowDep) -> Response:
         await flow.refresh_active_sessions()
     except StateStoreUnavailable as error:  # the other families still answer; the gauge keeps its last value
         log.warning("active-session count not refreshed: %s", error)
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -3,8 +3,11 @@
 A backend runs one graph of a model-repository entry on one device ("cpu" or
 "cuda:N") in one precision (fp32, fp16, bf16): named numpy arrays in, named
 numpy arrays out, names and dtypes from the entry's manifest. Whatever the
-device and precision, floating outputs come back as float32 numpy arrays, so
-the rest of the service never sees either. torch is imported only by the
+device and the precision setting, floating outputs come back as float32 numpy
+arrays, so the rest of the service never sees either; the one exception is an
+entry exported in fp16 (ONNX only), whose graphs take and return float16 end to
+end, as its manifest declares, so that its state is stored at half the bytes.
+torch is imported only by the
 TorchScript and eager backends, so an ONNX-only service never loads it on the
 hot path.
 """

@@ -1,0 +1,152 @@
+"""`rtserve serve` with RTSERVE_WORKERS=2: one port, one Redis, one set of metrics, no process left behind."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.chaos import free_port
+from service.settings import Settings
+from service.workers import threads_per_worker, usable_cores
+from tests.service_helpers import start_rtserve
+
+MODEL = "rsa-tiny"
+LOOKBACK, WIDTH = 32, 7
+
+
+def _rows(n: int, seed: int) -> list[list[float]]:
+    return np.random.default_rng(seed).normal(size=(n, WIDTH)).round(4).tolist()
+
+
+def _sample(text: str, name: str, **labels: str) -> float | None:
+    """Sum of the samples of ``name`` whose labels include ``labels``; None when there is none."""
+    values = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+              if sample.name == name and labels.items() <= sample.labels.items()]
+    return sum(values) if values else None
+
+
+def _per_worker(metrics_dir: Path, name: str, **labels: str) -> dict[int, float]:
+    """``name`` summed per worker, from each worker's own files in the shared metrics folder."""
+    totals: dict[int, float] = {}
+    for pid in {int(path.stem.rpartition("_")[2]) for path in metrics_dir.glob("counter_*.db")}:
+        alone = metrics_dir.parent / f"worker-{pid}"
+        shutil.rmtree(alone, ignore_errors=True)
+        alone.mkdir()
+        for path in metrics_dir.glob(f"*_{pid}.db"):
+            shutil.copy(path, alone / path.name)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(alone))
+        totals[pid] = sum(sample.value for family in registry.collect() for sample in family.samples
+                          if sample.name == name and labels.items() <= sample.labels.items())
+    return totals
+
+
+def _start(tmp_path: Path, repository: Path) -> tuple[subprocess.Popen, str, Path, Path]:
+    metrics_dir, redis_dir = tmp_path / "metrics", tmp_path / "redis"
+    metrics_dir.mkdir()
+    (metrics_dir / "counter_1.db").write_bytes(b"left by an earlier run")  # must be cleared, not summed
+    env = {"RTSERVE_MODEL_REPOSITORY": str(repository), "RTSERVE_WORKERS": "2",
+           "RTSERVE_METRICS_DIR": str(metrics_dir), "RTSERVE_EMBEDDED_REDIS_DIR": str(redis_dir)}
+    port = free_port()
+    process = start_rtserve(env, port, output=subprocess.PIPE, timeout=90)
+    return process, f"http://127.0.0.1:{port}", metrics_dir, redis_dir / "redis.sock"
+
+
+def _wait_for_workers(process: subprocess.Popen, count: int, timeout: float = 60) -> list[psutil.Process]:
+    """The worker processes (the supervisor's Python children), once ``count`` are there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        workers = [child for child in psutil.Process(process.pid).children()
+                   if "spawn_main" in " ".join(child.cmdline())]
+        if len(workers) >= count:
+            return workers
+        time.sleep(0.1)
+    pytest.fail(f"{count} workers did not start")
+
+
+def test_threads_per_worker_share_the_cores():
+    assert threads_per_worker(Settings(workers=1)) == 0  # the runtime's default, as before
+    assert threads_per_worker(Settings(workers=2, intra_op_threads=3)) == 3  # a setting is kept
+    assert threads_per_worker(Settings(workers=2)) == max(1, usable_cores() // 2)
+    assert threads_per_worker(Settings(workers=10_000)) == 1
+
+
+def test_two_workers_share_sessions_and_metrics_and_stop_together(forecast_repository, tmp_path):
+    repository, _ = forecast_repository
+    process, base, metrics_dir, redis_socket = _start(tmp_path, repository)
+    try:
+        workers = _wait_for_workers(process, 2)
+        # one-shot requests on fresh connections until both workers have answered some
+        sent = 0
+        with ThreadPoolExecutor(8) as pool:
+            while sent < 400:
+                answers = list(pool.map(lambda i: httpx.post(f"{base}/forecast", timeout=30, json={
+                    "model": MODEL, "rows": _rows(LOOKBACK, i)}).status_code, range(sent, sent + 16)))
+                assert answers == [200] * 16
+                sent += 16
+                per_worker = _per_worker(metrics_dir, "rtserve_requests_total", route="/forecast")
+                if len([n for n in per_worker.values() if n > 0]) >= 2:
+                    break
+        assert {pid for pid, n in per_worker.items() if n > 0} <= {w.pid for w in workers}
+        assert len([n for n in per_worker.values() if n > 0]) == 2, per_worker
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        assert _sample(metrics, "rtserve_requests_total", route="/forecast", status="200") == sent  # summed
+        assert "process_cpu_seconds_total" not in metrics  # per-process families: not in multiprocess mode
+
+        # sessions whose pieces land on either worker: the same answers as one-shot, pieces on both workers
+        series = {seed: _rows(LOOKBACK + 12, 100 + seed) for seed in range(6)}
+
+        def stream(seed: int) -> dict:
+            created = httpx.post(f"{base}/sessions", json={"model": MODEL}, timeout=30)
+            assert created.status_code == 201, created.text
+            session = created.json()["id"]
+            rows = series[seed]
+            for seq, start in enumerate(range(0, len(rows), 4), start=1):
+                piece = httpx.post(f"{base}/sessions/{session}/segments", timeout=30,
+                                   json={"seq": seq, "rows": rows[start : start + 4]})
+                assert piece.status_code == 200, piece.text
+            return httpx.post(f"{base}/sessions/{session}/finish", timeout=30).json()
+
+        with ThreadPoolExecutor(6) as pool:
+            finished = dict(zip(series, pool.map(stream, series), strict=True))
+        for seed, rows in series.items():
+            whole = httpx.post(f"{base}/forecast", json={"model": MODEL, "rows": rows}, timeout=30).json()
+            assert finished[seed]["forecast"] == whole["forecast"]
+        pieces = _per_worker(metrics_dir, "rtserve_requests_total", route="/sessions/{session_id}/segments")
+        assert sum(pieces.values()) == 6 * 11 and len([n for n in pieces.values() if n > 0]) == 2, pieces
+        open_one = httpx.post(f"{base}/sessions", json={"model": MODEL}, timeout=30)
+        assert open_one.status_code == 201
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        assert _sample(metrics, "rtserve_active_sessions") == 1  # six finished, one open: read once, not summed
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode in (0, -signal.SIGTERM), output
+    assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+    assert not redis_socket.exists()  # the parent's embedded Redis stopped with it
+
+
+def test_workers_and_redis_die_with_a_killed_parent(forecast_repository, tmp_path):
+    repository, _ = forecast_repository
+    process, _, _, _ = _start(tmp_path, repository)
+    workers = _wait_for_workers(process, 2)
+    redis = [child for child in psutil.Process(process.pid).children() if "redis" in child.name()]
+    assert len(redis) == 1
+    process.kill()
+    process.wait(timeout=10)
+    _, alive = psutil.wait_procs([*workers, *redis], timeout=15)
+    for survivor in alive:  # not to leak them into the rest of the run
+        survivor.kill()
+    assert not alive, f"left running after the parent was killed: {alive}"
