@@ -20,6 +20,7 @@ does, so a killed parent leaves no worker behind serving on a socket nobody supe
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -30,6 +31,8 @@ from service.embedded_redis import EmbeddedRedis
 from service.settings import Settings
 
 METRICS_FILES = "*.db"  # prometheus_client's per-process files
+
+log = logging.getLogger("rtserve")
 
 
 def usable_cores() -> int:
@@ -53,7 +56,9 @@ def shared_by_workers(settings: Settings) -> Iterator[dict[str, str]]:
     with ExitStack() as stack:
         shared: dict[str, str] = {}
         if not settings.redis_url:
+            stack.callback(log.info, "stopped embedded Redis")  # first in, last out: after the server stopped
             shared["RTSERVE_REDIS_URL"] = stack.enter_context(EmbeddedRedis(settings.embedded_redis_dir)).url
+            log.info("started embedded Redis at %s for %d workers", shared["RTSERVE_REDIS_URL"], settings.workers)
         metrics_dir = settings.metrics_dir
         if metrics_dir is None:
             metrics_dir = Path(stack.enter_context(TemporaryDirectory(prefix="rtserve-metrics-")))

@@ -134,6 +134,7 @@ def test_two_workers_share_sessions_and_metrics_and_stop_together(forecast_repos
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=60)
     assert process.returncode in (0, -signal.SIGTERM), output
+    assert "stopped embedded Redis" in output
     assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
     assert not redis_socket.exists()  # the parent's embedded Redis stopped with it
 
