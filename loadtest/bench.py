@@ -754,7 +754,8 @@ def settings_in_effect(settings: Any) -> dict[str, Any]:
     shown = ("backend", "model_backends", "workers", "intra_op_threads", "intra_op_spinning", "max_batch_size",
              "max_queue_delay_ms", "log_level")
     in_effect: dict[str, Any] = {name: getattr(settings, name) for name in shown}
-    in_effect["intra_op_threads"] = threads_per_worker(settings)  # with workers: each one's share of the cores
+    if settings.workers > 1:  # the offline steps keep intra_op_threads: the step alone, on the whole machine
+        in_effect["worker_intra_op_threads"] = threads_per_worker(settings)
     in_effect["redis"] = "embedded"
     in_effect["api_keys"] = "set" if settings.api_keys else "none"
     return in_effect
