@@ -38,7 +38,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     nothing, or half a header, holds the connection for ever.
     """
 
-    header_timeout_seconds = 10.0
+    header_timeout_seconds = 10.0  # set from the settings by the process that serves (one server per process)
+
+    @classmethod
+    def configure(cls, settings: Settings) -> type[HeaderTimeoutProtocol]:
+        cls.header_timeout_seconds = settings.request_read_timeout_seconds
+        return cls
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,11 +84,6 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
-def protocol_for(settings: Settings) -> type[HeaderTimeoutProtocol]:
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,),
-                {"header_timeout_seconds": settings.request_read_timeout_seconds})
-
-
 def worker_app() -> FastAPI:
     """The app of one worker among several (uvicorn's factory, called in the worker process)."""
     die_with_parent()
@@ -92,7 +92,7 @@ def worker_app() -> FastAPI:
         raise SystemExit("rtserve: the worker's parent process is gone")
     settings = Settings()  # the parent's environment, plus what shared_by_workers set
     configure_logging(settings.log_level, settings.log_format)
-    HeaderTimeoutProtocol.header_timeout_seconds = settings.request_read_timeout_seconds  # this process's only server
+    HeaderTimeoutProtocol.configure(settings)
     return create_app(settings, ServiceMetrics(multiprocess_dir=settings.metrics_dir))
 
 
@@ -113,8 +113,8 @@ def run(host: str | None = None, port: int | None = None) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds),
     )
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), http=protocol_for(settings), **options)
+        uvicorn.run(create_app(settings), http=HeaderTimeoutProtocol.configure(settings), **options)
         return
-    with shared_by_workers(settings):  # the workers are spawned: they read it from the environment
+    with shared_by_workers(settings):  # spawned, each worker reads it from the environment (worker_app)
         uvicorn.run("service.server:worker_app", factory=True, workers=settings.workers, http=HeaderTimeoutProtocol,
                     **options)

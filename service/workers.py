@@ -47,12 +47,10 @@ def threads_per_worker(settings: Settings) -> int:
 
 
 @contextmanager
-def shared_by_workers(settings: Settings) -> Iterator[dict[str, str]]:
-    """Start what the workers share and put it in the environment they inherit; undone on exit.
-
-    Yields the variables set (``RTSERVE_REDIS_URL`` where Redis is embedded, ``RTSERVE_METRICS_DIR``,
-    ``PROMETHEUS_MULTIPROC_DIR``, ``RTSERVE_INTRA_OP_THREADS``).
-    """
+def shared_by_workers(settings: Settings) -> Iterator[None]:
+    """Start what the workers share and put it in the environment they inherit (``RTSERVE_REDIS_URL`` where
+    Redis is embedded, ``RTSERVE_METRICS_DIR``, ``PROMETHEUS_MULTIPROC_DIR``, ``RTSERVE_INTRA_OP_THREADS``);
+    undone on exit."""
     with ExitStack() as stack:
         shared: dict[str, str] = {}
         if not settings.redis_url:
@@ -70,7 +68,7 @@ def shared_by_workers(settings: Settings) -> Iterator[dict[str, str]]:
         before = {name: os.environ.get(name) for name in shared}
         os.environ.update(shared)
         try:
-            yield shared
+            yield
         finally:
             for name, value in before.items():
                 if value is None:
