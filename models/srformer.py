@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -62,6 +63,8 @@ from torch import nn
 
 from models.decoding import BeamSearch, GreedySearch, Search
 from models.segment import State
+
+TensorPair = tuple[torch.Tensor, torch.Tensor]
 
 MODES = ("full", "segmented", "srformer")
 RECURRENT_NORMS = ("norm_k", "kernel")
@@ -141,6 +144,43 @@ def schedule_length(config: SRformerConfig, k_valid: torch.Tensor) -> torch.Tens
 def segment_index(t: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Sec. 3.1: i = min(int(t*m/q), m-1); broadcasts t against m, q."""
     return torch.minimum(torch.div(t * m, q, rounding_mode="floor"), m - 1)
+
+
+class SegmentRuns(NamedTuple):
+    """The steps of a teacher-forced summary grouped by the segment they read: Algorithm 1 visits the
+    segments in runs of equal index i_t. Step t is row ``offset`` of run ``rank``, so ``flat`` = rank * L
+    + offset is its place in a (R, L) block layout of R runs of at most L steps; ``visited`` (B, R) is
+    the segment of each run (0 for a row's unused runs)."""
+
+    flat: torch.Tensor  # (B, T)
+    visited: torch.Tensor  # (B, R)
+    L: int
+
+    @classmethod
+    def of(cls, seg: torch.Tensor) -> SegmentRuns:
+        B, T = seg.shape
+        change = torch.ones_like(seg, dtype=torch.bool)
+        change[:, 1:] = seg[:, 1:] != seg[:, :-1]  # step t starts a run
+        rank = change.long().cumsum(dim=1) - 1
+        R = int(rank.max()) + 1
+        visited = torch.zeros(B, R, dtype=torch.long, device=seg.device).scatter_(1, rank, seg)
+        steps = torch.arange(T, device=seg.device).expand(B, T)
+        start = torch.where(change, steps, torch.zeros_like(steps)).cummax(dim=1).values
+        offset = steps - start
+        L = int(offset.max()) + 1
+        return cls(rank * L + offset, visited, L)
+
+    def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, h, T, n) per step -> (B, h, R, L, n), zero where a block row holds no step."""
+        B, h, T, n = x.shape
+        R = self.visited.shape[1]
+        index = self.flat[:, None, :, None].expand(B, h, T, n)
+        return x.new_zeros(B, h, R * self.L, n).scatter(2, index, x).view(B, h, R, self.L, n)
+
+    def from_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, h, R, L, n) -> (B, h, T, n): each step's row back in step order."""
+        B, h, R, L, n = x.shape
+        return x.reshape(B, h, R * L, n).gather(2, self.flat[:, None, :, None].expand(B, h, self.flat.shape[1], n))
 
 
 class RAF(nn.Module):
@@ -249,31 +289,30 @@ class CrossAttention(nn.Module):
         return {"k": K, "v": V, "kv": kv, "ksq": ksq}
 
     # -- parallel, teacher-forced ------------------------------------------------------
+    def copy_context(self, source_prev: TensorPair, summary_last: TensorPair, mask: torch.Tensor,
+                     seg: torch.Tensor, dtype: torch.dtype) -> TensorPair:
+        """The copy-continuation indicators of the positions each step reads (see :func:`continuation`),
+        and those positions: here every position, (B, 2, T, k) and (B, k). source_prev: the source
+        tokens one and two back (B, k); summary_last: the summary's last and second-last tokens (B, T)."""
+        B, k = mask.shape
+        return continuation(*source_prev, *summary_last, dtype), torch.arange(k, device=mask.device).expand(B, k)
+
     def forward(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
                 seg: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d) decoder states; mask (B, k) valid keys; seg (B, T) segment index per step;
-        match (B, 2, T, k) copy-continuation indicators (see :func:`continuation`).
+        match: the copy-continuation indicators of :meth:`copy_context`.
 
-        Returns the output (B, T, d) and the softmax weights (B, h, T, k), zero where not read.
+        Returns the output (B, T, d) and the softmax weights over the positions :meth:`copy_context`
+        names: (B, h, T, k) here.
         """
         B, T, d = x.shape
         K, V = mem["k"], mem["v"]  # (B, h, k, dh)
         Q = self.q_proj(x).view(B, T, self.n_head, self.dh).transpose(1, 2)  # (B, h, T, dh)
-        allow = self._allowed(mask, seg)  # (B, T, k)
-        att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, T, k) Eq. (3)/(4)
-        if self.match is not None:  # a score bias, segmented with its keys like App. A.3's b_Si
+        att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, T, k) Eq. (3)
+        if self.match is not None:  # a score bias
             att = att + torch.einsum("hc,bctk->bhtk", self.match, match)
-        att = att.masked_fill(~allow[:, None], neg(att.dtype)).softmax(dim=-1)
-        out = self._plus_recurrent(att @ V, Q, mem, mask, seg)  # (B, h, T, dh) Eq. (5)/(6)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, d)), att
-
-    def _allowed(self, mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
-        """(B, T, k): the keys step t reads; here every valid key (Eq. 3)."""
-        return mask[:, None, :].expand(mask.shape[0], seg.shape[1], mask.shape[1])
-
-    def _plus_recurrent(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
-                        mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
-        return out  # no recurrent part outside SRformer
+        att = att.masked_fill(~mask[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
+        return self.o_proj((att @ V).transpose(1, 2).reshape(B, T, d)), att  # Eq. (5)
 
     def step(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor, seg: torch.Tensor,
              prev: torch.Tensor, membrane: torch.Tensor, raf_out: torch.Tensor, context: torch.Tensor
@@ -321,12 +360,53 @@ class FullCrossAttention(CrossAttention):
 
 
 class SegmentedCrossAttention(CrossAttention):
-    """``segmented``: the query at step t reads only segment i = min(t*m // q, m-1), s keys (Eq. 4, 6)."""
+    """``segmented``: the query at step t reads only segment i = min(t*m // q, m-1), s keys (Eq. 4, 6).
 
-    def _allowed(self, mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
-        # Eq. (4): only keys of segment i_t; a masked full softmax equals the softmax over K_Si
-        pos_seg = torch.arange(mask.shape[1], device=mask.device) // self.s  # (k,)
-        return super()._allowed(mask, seg) & (pos_seg[None, None, :] == seg[:, :, None])
+    Teacher-forced, the steps that read one segment form a run (Algorithm 1's schedule is monotone),
+    so scores are computed run by run, (R, L) x s per head, never over all k keys: the cost of a
+    summary of T tokens is T x s, whatever the document's length.
+    """
+
+    def copy_context(self, source_prev: TensorPair, summary_last: TensorPair, mask: torch.Tensor,
+                     seg: torch.Tensor, dtype: torch.dtype) -> TensorPair:
+        """Only the s positions of each step's segment: (B, 2, T, s) and (B, T, s) (clamped to k - 1
+        past the end; those are not valid keys and get no weight)."""
+        B, k = mask.shape
+        T = seg.shape[1]
+        pos = (seg[:, :, None] * self.s + torch.arange(self.s, device=seg.device)).clamp(max=k - 1)  # (B, T, s)
+        prev1, prev2 = (p.gather(1, pos.flatten(1)).view(B, T, self.s) for p in source_prev)
+        last1, last2 = summary_last
+        one = prev1 == last1[:, :, None]  # (B, T, s)
+        two = one & (prev2 == last2[:, :, None])
+        return torch.stack([one, two], dim=1).to(dtype), pos
+
+    def forward(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
+                seg: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`CrossAttention.forward`, reading K_Si only: weights (B, h, T, s) over each step's segment."""
+        B, T, d = x.shape
+        K, V = mem["k"], mem["v"]  # (B, h, k, dh)
+        h, k = K.shape[1], K.shape[2]
+        m = -(-k // self.s)
+        Q = self.q_proj(x).view(B, T, self.n_head, self.dh).transpose(1, 2)  # (B, h, T, dh)
+        runs = SegmentRuns.of(seg)
+        R = runs.visited.shape[1]
+        # K_s = split(K) (Eq. 4), the segments visited, in run order: (B, h, R, s, dh)
+        index = runs.visited[:, None, :, None, None].expand(B, h, R, self.s, self.dh)
+        Ks, Vs = (F.pad(t, (0, 0, 0, m * self.s - k)).view(B, h, m, self.s, self.dh).gather(2, index) for t in (K, V))
+        scores = runs.to_blocks(Q) @ Ks.transpose(-2, -1)  # (B, h, R, L, s)
+        att = runs.from_blocks(scores) / math.sqrt(self.dh)  # (B, h, T, s) Eq. (4)
+        if self.match is not None:  # b_Si: the bias of the segment's positions only
+            att = att + torch.einsum("hc,bcts->bhts", self.match, match)
+        pos = seg[:, :, None] * self.s + torch.arange(self.s, device=seg.device)  # (B, T, s)
+        valid = (pos < k) & mask.gather(1, pos.clamp(max=k - 1).flatten(1)).view(B, T, self.s)
+        att = att.masked_fill(~valid[:, None], neg(att.dtype)).softmax(dim=-1)
+        out = runs.from_blocks(runs.to_blocks(att) @ Vs)  # (B, h, T, dh) Eq. (6): O_S
+        out = self._plus_recurrent(out, Q, mem, mask, seg, runs)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, d)), att
+
+    def _plus_recurrent(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
+                        mask: torch.Tensor, seg: torch.Tensor, runs: SegmentRuns) -> torch.Tensor:
+        return out  # no recurrent part outside SRformer
 
     def _attend_step(self, Q: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
                      seg: torch.Tensor, context: torch.Tensor
@@ -418,7 +498,7 @@ class SRformerCrossAttention(SegmentedCrossAttention):
         return o_s + o_r if self.segmented_part else o_r
 
     def _plus_recurrent(self, out: torch.Tensor, Q: torch.Tensor, mem: Mapping[str, torch.Tensor],
-                        mask: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+                        mask: torch.Tensor, seg: torch.Tensor, runs: SegmentRuns) -> torch.Tensor:
         """O_R for every step at once (Eq. 13 or 22, Eq. 16), the RAF run once per visited segment."""
         if self.part == "off":
             return out
@@ -426,28 +506,18 @@ class SRformerCrossAttention(SegmentedCrossAttention):
         T = seg.shape[1]
         P = remaining_products(mem, self.s, mask if self.kernel else None)  # (B, h, m, dh, c) Eq. (16)
         x, z = self._raf_input(P)  # (B, h, m, dh, dh), divisor (B, h, m, dh)
-        # Algorithm 1: the RAF updates only when the segment index changes (and at t = 0)
-        change = torch.ones_like(seg, dtype=torch.bool)
-        change[:, 1:] = seg[:, 1:] != seg[:, :-1]  # (B, T)
-        rank = change.long().cumsum(dim=1) - 1  # (B, T): which update step t uses
-        R = int(rank.max()) + 1
-        visited = torch.zeros(B, R, dtype=torch.long, device=seg.device).scatter_(1, rank, seg)  # (B, R)
-        x_vis = x.gather(2, visited[:, None, :, None, None].expand(B, h, R, dh, dh))  # (B, h, R, dh, dh)
+        # Algorithm 1: the RAF updates only when the segment index changes (and at t = 0): once per run
+        R = runs.visited.shape[1]
+        x_vis = x.gather(2, runs.visited[:, None, :, None, None].expand(B, h, R, dh, dh))  # (B, h, R, dh, dh)
         membrane = torch.zeros(B, h, dh, dh, dtype=Q.dtype, device=Q.device)  # reset at t = 0
         fired = []
-        for r in range(R):
-            spikes, membrane = self._accumulate(x_vis[:, :, r], membrane)
+        for x_r in x_vis.unbind(dim=2):  # one view per run (indexing each would zero-fill a full gradient per run)
+            spikes, membrane = self._accumulate(x_r, membrane)
             fired.append(spikes)
         raf_out = torch.stack(fired, dim=2)  # (B, h, R, dh, dh)
-        # features(Q_t) @ RAF(P) per step: scatter the queries into (R, L) blocks, one matmul, gather back
+        # features(Q_t) @ RAF(P) per step: the queries in (R, L) blocks, one matmul, back in step order
         features = self._query_features(Q)  # (B, h, T, dh)
-        steps = torch.arange(T, device=seg.device).expand(B, T)
-        start = torch.where(change, steps, torch.zeros_like(steps)).cummax(dim=1).values
-        offset = steps - start  # (B, T): position of t within its run of equal segment index
-        L = int(offset.max()) + 1
-        flat = (rank * L + offset)[:, None, :, None].expand(B, h, T, dh)  # (B, h, T, dh)
-        blocks = torch.zeros(B, h, R * L, dh, dtype=Q.dtype, device=Q.device).scatter(2, flat, features)
-        numerator = (blocks.view(B, h, R, L, dh) @ raf_out).view(B, h, R * L, dh).gather(2, flat)  # (B, h, T, dh)
+        numerator = runs.from_blocks(runs.to_blocks(features) @ raf_out)  # (B, h, T, dh)
         z_t = None if z is None else z.gather(2, seg[:, None, :, None].expand(B, h, T, dh))  # (B, h, T, dh)
         m = x.shape[2]
         in_segment = F.pad(mask, (0, m * self.s - k)).view(B, m, self.s).sum(dim=-1)  # (B, m) valid keys per segment
@@ -697,7 +767,10 @@ class SRformer(nn.Module):
             return logits.log_softmax(dim=-1)
         B, T, V = logits.shape
         gate = torch.sigmoid(self.copy_gate(x)).float()  # (B, T, 1)
-        cols = src_index.gather(1, pos)[:, None, :].expand(B, T, pos.shape[1])  # (B, T, n)
+        if pos.dim() == 2:  # the same positions for every step
+            cols = src_index.gather(1, pos)[:, None, :].expand(B, T, pos.shape[1])  # (B, T, n)
+        else:  # per step (B, T, n)
+            cols = src_index.gather(1, pos.flatten(1)).view(pos.shape)
         p_copy = torch.zeros_like(logits).scatter_add(2, cols, att.float().mean(dim=1))  # (B, T, V)
         p = gate * logits.softmax(dim=-1) + (1 - gate) * p_copy
         return p.clamp_min(1e-30).log().masked_fill(~vocab_mask[:, None, :], NEG)
@@ -722,10 +795,10 @@ class SRformer(nn.Module):
         x = self.drop(x if self.ln_e is None else self.ln_e(x))
         prev1, prev2 = self._source_context(vocab_ids, src_index)  # (B, k)
         last2 = torch.cat([torch.full_like(tokens[:, :1], -1), tokens[:, :-1]], dim=1)  # (B, T)
-        match = continuation(prev1, prev2, tokens, last2, x.dtype)  # (B, 2, T, k)
+        # the positions the cross-attention reads, (B, k) or per step (B, T, s), and their copy features
+        match, pos = self.blocks[0].cross.copy_context((prev1, prev2), (tokens, last2), mask, seg, x.dtype)
         for block, mem in zip(self.blocks, memory, strict=True):
             x, att = block(x, mem, mask, seg, match)
-        pos = torch.arange(mask.shape[1], device=tokens.device).expand(B, -1)
         return self._output(x, att, pos, vocab_ids, vocab_mask, src_index)
 
     # -- incremental -----------------------------------------------------------------------------
@@ -894,13 +967,31 @@ def load_srformer(folder: str | None = None, config: SRformerConfig | None = Non
     from models.checkpoint import load_checkpoint
     from models.minilm import minilm_state_dict
 
-    state_dict = None
+    state_dict, trained_mode = None, None
     if folder is not None:
         checkpoint = load_checkpoint(folder)
         config = SRformerConfig(**{**checkpoint.config, **overrides})
         state_dict = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
+        trained_mode = checkpoint.config["cross_attention"]
     model = SRformer(config or SRformerConfig())
     model.wte.copy_(minilm_state_dict()["embeddings.word_embeddings.weight"])
     if state_dict is not None:
-        model.load_state_dict(state_dict)
+        load_decoder_weights(model, state_dict, trained_mode, folder)
     return model.eval()
+
+
+def load_decoder_weights(model: SRformer, state_dict: Mapping[str, torch.Tensor], trained_mode: str,
+                         origin: object) -> None:
+    """Load a checkpoint's decoder weights into ``model``, possibly of another cross-attention mode.
+
+    The projections are shared by every mode, so a full-attention decoder can be scored or trained
+    further as a segmented or SRformer one. What only the SRformer has (the RAF, the gate) keeps its
+    fresh initialisation when the checkpoint was trained in another mode; any other mismatch is an error.
+    """
+    def srformer_only(name: str) -> bool:
+        return ".raf." in name or name.endswith(".gate")
+
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    fresh = [name for name in missing if trained_mode == "srformer" or not srformer_only(name)]
+    if fresh or unexpected:
+        raise ValueError(f"{origin} does not fit this model: missing {fresh}, unexpected {list(unexpected)}")

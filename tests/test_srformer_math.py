@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.srformer import SRformer, SRformerConfig, remaining_products
+from models.srformer import SegmentRuns, SRformer, SRformerConfig, remaining_products
 
 TOL = 1e-5
 
@@ -183,7 +183,7 @@ def test_kernel_form_without_raf_is_linear_attention_over_the_other_segments():
     seg = torch.tensor([[0, 0, 1, 2, 2, 3, 5, 7, 7]])
     Q = cross.q_proj(x).view(1, 9, 2, 8).transpose(1, 2)  # (1, h, T, dh)
     o_s = torch.zeros_like(Q)
-    o_r = cross._plus_recurrent(o_s, Q, mem, mask, seg)  # with O_S = 0: O_R alone
+    o_r = cross._plus_recurrent(o_s, Q, mem, mask, seg, SegmentRuns.of(seg))  # with O_S = 0: O_R alone
     phi = torch.nn.functional.elu
     for t in range(9):
         others = [j for j in range(30) if j // 4 != int(seg[0, t])]

@@ -78,3 +78,29 @@ def test_warm_start_copies_minilm_layers_bert2bert_style():
             torch.testing.assert_close(block.ln_3(h + block.mlp(h)), x, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="MiniLM's shape"):
         warm_start_from_minilm(load_srformer(config=SRformerConfig(d_model=128, n_head=4, d_ff=512)))
+
+
+def test_a_full_attention_decoder_loads_into_the_other_modes(tmp_path):
+    """Every mode shares the projections, so a full-attention checkpoint can be scored or trained on as a
+    segmented or SRformer decoder: the shared weights are copied, the RAF starts fresh. An SRformer
+    checkpoint that lacks its RAF, or any checkpoint of another shape, is refused."""
+    from models.checkpoint import load_checkpoint, save_checkpoint
+    from models.srformer import load_decoder_weights
+    from tests.tiny_checkpoints import tiny_srformer
+
+    full = load_checkpoint(tiny_srformer(tmp_path / "full", mode="full"))
+    as_kernel = load_srformer(str(full.folder), cross_attention="srformer", recurrent_norm="kernel")
+    for name, tensor in full.state_dict.items():
+        torch.testing.assert_close(as_kernel.state_dict()[name], tensor.float(), rtol=0, atol=0)
+    fresh = SRformer(as_kernel.config).state_dict()
+    assert all(torch.equal(as_kernel.state_dict()[name], fresh[name]) for name in fresh if ".raf." in name)
+    assert load_srformer(str(full.folder), cross_attention="segmented").config.cross_attention == "segmented"
+
+    kernel = load_checkpoint(tiny_srformer(tmp_path / "kernel", recurrent_norm="kernel"))
+    without_raf = {name: t for name, t in kernel.state_dict.items() if ".raf." not in name}
+    save_checkpoint(tmp_path / "broken", "srformer", SRformerConfig(**kernel.config), without_raf, {})
+    with pytest.raises(ValueError, match="does not fit"):
+        load_srformer(str(tmp_path / "broken"))
+    wider = SRformer(SRformerConfig(**{**kernel.config, "d_model": 64, "d_ff": 128}))
+    with pytest.raises((ValueError, RuntimeError)):
+        load_decoder_weights(wider, full.state_dict, "full", "full")

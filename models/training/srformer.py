@@ -40,6 +40,7 @@ from models.srformer import (
     RECURRENT_PARTS,
     SRformer,
     SRformerConfig,
+    load_decoder_weights,
     load_srformer,
     warm_start_from_minilm,
 )
@@ -296,10 +297,15 @@ def train_main(argv: Sequence[str]) -> int:
                              "--d-model/--heads)")
     parser.add_argument("--warm-start", action="store_true",
                         help="start the decoder from MiniLM's layers, BERT2BERT-style (implies --minilm-shape)")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start the decoder from this checkpoint's weights (same shape; parts this "
+                             "cross-attention mode adds, e.g. the RAF, start fresh)")
     parser.add_argument("--max-source", type=int, default=1024, help="tokens of each document read")
     parser.add_argument("--max-target", type=int, default=400, help="summary tokens trained on")
     parser.add_argument("--train-limit", type=int, default=0, help="use only the first N training pairs")
     parser.add_argument("--dev-limit", type=int, default=40, help="dev pairs decoded for selection")
+    parser.add_argument("--dev-loss-limit", type=int, default=0,
+                        help="dev pairs the dev loss is measured on (0 = the whole dev split)")
     parser.add_argument("--dev-no-repeat-ngram", type=int, default=0,
                         help="decode the selection's dev summaries with this no-repeat n-gram rule (0 = plain greedy)")
     parser.add_argument("--threads", type=int, default=1)
@@ -326,11 +332,16 @@ def train_main(argv: Sequence[str]) -> int:
     model = load_srformer(config=config)
     if args.warm_start:
         warm_start_from_minilm(model)
+    if args.init_from is not None:  # e.g. a full-attention decoder trained further as a segmented one
+        checkpoint = load_checkpoint(args.init_from)
+        load_decoder_weights(model, {name: tensor.float() for name, tensor in checkpoint.state_dict.items()},
+                             checkpoint.config["cross_attention"], args.init_from)
     model = model.to(args.device).train()
     tokenizer = load_minilm_tokenizer()
     train = load_examples(args.data, "train", args.max_source, config.encoder_window, args.train_limit or None,
                           device=args.device)
-    dev = load_examples(args.data, "dev", args.max_source, config.encoder_window)
+    dev = load_examples(args.data, "dev", args.max_source, config.encoder_window,
+                        max(args.dev_loss_limit, args.dev_limit) if args.dev_loss_limit else None, device=args.device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     clip_groups = clipping_groups(model, args.clip_recurrent_apart)
@@ -411,11 +422,17 @@ def eval_main(argv: Sequence[str]) -> int:
                         help="read text through the served stream (EagerSummarizer), not the cache")
     parser.add_argument("--recurrent-part", choices=RECURRENT_PARTS, default=None,
                         help="diagnostic: score the checkpoint with this recurrent part (off = O_R zeroed)")
+    parser.add_argument("--cross-attention", choices=["full", "segmented", "srformer"], default=None,
+                        help="diagnostic: score the checkpoint's weights in another cross-attention mode")
+    parser.add_argument("--recurrent-norm", choices=RECURRENT_NORMS, default=None,
+                        help="diagnostic: with --cross-attention srformer, the form of O_R")
     args = parser.parse_args(list(argv))
     from models.minilm import load_minilm_tokenizer
 
     torch.set_num_threads(args.threads)
-    overrides = {} if args.recurrent_part is None else {"recurrent_part": args.recurrent_part}
+    overrides = {name: value for name, value in (("recurrent_part", args.recurrent_part),
+                                                 ("cross_attention", args.cross_attention),
+                                                 ("recurrent_norm", args.recurrent_norm)) if value is not None}
     model = load_srformer(str(args.checkpoint), **overrides).to("cpu" if args.stream else args.device)  # stream: CPU
     tokenizer = load_minilm_tokenizer()
     c = model.config
@@ -464,12 +481,17 @@ def cache_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.training.srformer cache")
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--max-source", type=int, default=1024)
+    parser.add_argument("--split", choices=["train", "dev", "test", "all"], default="all",
+                        help="encode only this split's documents")
+    parser.add_argument("--limit", type=int, default=0, help="only the split's first N documents (0 = all)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     args = parser.parse_args(list(argv))
     torch.set_num_threads(args.threads)
     started = time.time()
-    keys = corpus_of(args.data).all_keys(args.data)
+    corpus = corpus_of(args.data)
+    keys = corpus.all_keys(args.data) if args.split == "all" else corpus.split_keys(args.data, args.split)
+    keys = keys[: args.limit] if args.limit else keys
     folder = build_cache(args.data, keys, args.max_source, SRformerConfig().encoder_window, device=args.device)
     print(json.dumps({"cache": str(folder), "seconds": round(time.time() - started, 1)}))
     return 0
