@@ -3,8 +3,10 @@
 import json
 import random
 
+import pytest
+
 from models.data.hyperpartisan import Article
-from models.training.rmt import cv_ensemble_main, cv_folds, fold_parts, tfidf_cv_main
+from models.training.rmt import cv_ensemble_main, cv_folds, fold_parts, member_reading, tfidf_cv_main
 
 
 def _articles(n: int = 95, seed: int = 0) -> list[Article]:
@@ -61,6 +63,16 @@ def test_tfidf_cv_scores_every_fold_on_a_tiny_corpus(tmp_path, capsys):
     ensemble = tmp_path / "ensemble.json"
     assert cv_ensemble_main([str(out), str(out), "--data", str(tmp_path), "--out", str(ensemble)]) == 0
     assert json.loads(ensemble.read_text())["summary"] == result["summary"]
+
+
+def test_a_run_with_one_reading_joins_every_reading_of_an_ensemble():
+    """TF-IDF's single reading (the whole text) is averaged into each of an RMT run's readings."""
+    rmt = {"as_trained": {"a": 0.2}, "all_cached": {"a": 0.4}}
+    tfidf = {"whole_text": {"a": 0.9}}
+    assert member_reading(rmt, "all_cached") == {"a": 0.4}
+    assert member_reading(tfidf, "as_trained") == member_reading(tfidf, "all_cached") == {"a": 0.9}
+    with pytest.raises(ValueError, match="no reading"):
+        member_reading(rmt, "whole_text")
 
 
 def _load(folder):

@@ -385,9 +385,19 @@ def cv_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def member_reading(by_reading: dict[str, dict[str, float]], reading: str) -> dict[str, float]:
+    """A member's probabilities for ``reading``, or its only reading's where it has just one."""
+    if reading in by_reading:
+        return by_reading[reading]
+    if len(by_reading) == 1:
+        return next(iter(by_reading.values()))
+    raise ValueError(f"a member has no reading {reading!r} (it has {sorted(by_reading)})")
+
+
 def cv_ensemble_main(argv: Sequence[str]) -> int:
     """Scores the average of several ``cv`` runs' probabilities (a seed ensemble), fold by fold,
-    without retraining: the runs must share their folds."""
+    without retraining: the runs must share their folds. A run with a single reading (``tfidf-cv``'s
+    whole text) joins every reading of the first run."""
     parser = argparse.ArgumentParser(prog="python -m models.training.rmt cv-ensemble")
     parser.add_argument("runs", nargs="+", type=Path, help="JSON files written by cv on the same folds")
     parser.add_argument("--data", required=True, type=Path)
@@ -406,8 +416,9 @@ def cv_ensemble_main(argv: Sequence[str]) -> int:
         fold = {"fold": i, "n_heldout": members[0]["n_heldout"], "heldout": {}, "test": {}}
         for part in ("heldout", "test"):
             for reading in readings:
-                ids = list(members[0]["p_hyperpartisan"][part][reading])
-                p = [sum(m["p_hyperpartisan"][part][reading][a] for m in members) / len(members) for a in ids]
+                probabilities = [member_reading(m["p_hyperpartisan"][part], reading) for m in members]
+                ids = list(probabilities[0])
+                p = [sum(member[a] for member in probabilities) / len(members) for a in ids]
                 fold[part][reading] = scored([by_id[a] for a in ids], p)
         result["folds"].append(fold)
     cv_report(result, readings)

@@ -374,8 +374,9 @@ def train_main(argv: Sequence[str]) -> int:
             progress.set_postfix(loss=f"{running / count:.3f}")
         model.eval()
         with torch.no_grad():
-            dev_loss = sum(float(loss_of(model, collate(model, dev[i: i + 16], args.max_target)))
-                           for i in range(0, len(dev), 16)) / math.ceil(len(dev) / 16)
+            scored = dev[: args.dev_loss_limit or None]
+            dev_loss = sum(float(loss_of(model, collate(model, scored[i: i + 16], args.max_target)))
+                           for i in range(0, len(scored), 16)) / math.ceil(len(scored) / 16)
         chosen = dev[: args.dev_limit]
         texts, speed = summarize_examples(model, chosen, tokenizer, no_repeat_ngram=args.dev_no_repeat_ngram)
         scores = rouge_scores(texts, [e.reference for e in chosen])
