@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -63,6 +63,9 @@ from torch import nn
 
 from models.decoding import BeamSearch, GreedySearch, Search
 from models.segment import State
+
+if TYPE_CHECKING:
+    from models.checkpoint import Checkpoint
 
 TensorPair = tuple[torch.Tensor, torch.Tensor]
 
@@ -371,14 +374,21 @@ class SegmentedCrossAttention(CrossAttention):
                      seg: torch.Tensor, dtype: torch.dtype) -> TensorPair:
         """Only the s positions of each step's segment: (B, 2, T, s) and (B, T, s) (clamped to k - 1
         past the end; those are not valid keys and get no weight)."""
-        B, k = mask.shape
-        T = seg.shape[1]
-        pos = (seg[:, :, None] * self.s + torch.arange(self.s, device=seg.device)).clamp(max=k - 1)  # (B, T, s)
+        B, T = seg.shape
+        pos, _ = self._segment_positions(seg, mask)  # (B, T, s)
         prev1, prev2 = (p.gather(1, pos.flatten(1)).view(B, T, self.s) for p in source_prev)
         last1, last2 = summary_last
         one = prev1 == last1[:, :, None]  # (B, T, s)
         two = one & (prev2 == last2[:, :, None])
         return torch.stack([one, two], dim=1).to(dtype), pos
+
+    def _segment_positions(self, seg: torch.Tensor, mask: torch.Tensor) -> TensorPair:
+        """The s positions of each step's segment (B, T, s), clamped to k - 1, and which are valid keys."""
+        B, T = seg.shape
+        k = mask.shape[1]
+        pos = seg[:, :, None] * self.s + torch.arange(self.s, device=seg.device)
+        clamped = pos.clamp(max=k - 1)
+        return clamped, (pos < k) & mask.gather(1, clamped.flatten(1)).view(B, T, self.s)
 
     def forward(self, x: torch.Tensor, mem: Mapping[str, torch.Tensor], mask: torch.Tensor,
                 seg: torch.Tensor, match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -397,8 +407,7 @@ class SegmentedCrossAttention(CrossAttention):
         att = runs.from_blocks(scores) / math.sqrt(self.dh)  # (B, h, T, s) Eq. (4)
         if self.match is not None:  # b_Si: the bias of the segment's positions only
             att = att + torch.einsum("hc,bcts->bhts", self.match, match)
-        pos = seg[:, :, None] * self.s + torch.arange(self.s, device=seg.device)  # (B, T, s)
-        valid = (pos < k) & mask.gather(1, pos.clamp(max=k - 1).flatten(1)).view(B, T, self.s)
+        _, valid = self._segment_positions(seg, mask)  # (B, T, s)
         att = att.masked_fill(~valid[:, None], neg(att.dtype)).softmax(dim=-1)
         out = runs.from_blocks(runs.to_blocks(att) @ Vs)  # (B, h, T, dh) Eq. (6): O_S
         out = self._plus_recurrent(out, Q, mem, mask, seg, runs)
@@ -967,22 +976,19 @@ def load_srformer(folder: str | None = None, config: SRformerConfig | None = Non
     from models.checkpoint import load_checkpoint
     from models.minilm import minilm_state_dict
 
-    state_dict, trained_mode = None, None
+    checkpoint = None
     if folder is not None:
         checkpoint = load_checkpoint(folder)
         config = SRformerConfig(**{**checkpoint.config, **overrides})
-        state_dict = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
-        trained_mode = checkpoint.config["cross_attention"]
     model = SRformer(config or SRformerConfig())
     model.wte.copy_(minilm_state_dict()["embeddings.word_embeddings.weight"])
-    if state_dict is not None:
-        load_decoder_weights(model, state_dict, trained_mode, folder)
+    if checkpoint is not None:
+        load_decoder_weights(model, checkpoint)
     return model.eval()
 
 
-def load_decoder_weights(model: SRformer, state_dict: Mapping[str, torch.Tensor], trained_mode: str,
-                         origin: object) -> None:
-    """Load a checkpoint's decoder weights into ``model``, possibly of another cross-attention mode.
+def load_decoder_weights(model: SRformer, checkpoint: Checkpoint) -> None:
+    """Load a checkpoint's decoder weights (as float32) into ``model``, possibly of another cross-attention mode.
 
     The projections are shared by every mode, so a full-attention decoder can be scored or trained
     further as a segmented or SRformer one. What only the SRformer has (the RAF, the gate) keeps its
@@ -991,7 +997,9 @@ def load_decoder_weights(model: SRformer, state_dict: Mapping[str, torch.Tensor]
     def srformer_only(name: str) -> bool:
         return ".raf." in name or name.endswith(".gate")
 
+    state_dict = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    trained_mode = checkpoint.config["cross_attention"]
     fresh = [name for name in missing if trained_mode == "srformer" or not srformer_only(name)]
     if fresh or unexpected:
-        raise ValueError(f"{origin} does not fit this model: missing {fresh}, unexpected {list(unexpected)}")
+        raise ValueError(f"{checkpoint.folder} does not fit this model: missing {fresh}, unexpected {list(unexpected)}")

@@ -103,4 +103,4 @@ def test_a_full_attention_decoder_loads_into_the_other_modes(tmp_path):
         load_srformer(str(tmp_path / "broken"))
     wider = SRformer(SRformerConfig(**{**kernel.config, "d_model": 64, "d_ff": 128}))
     with pytest.raises((ValueError, RuntimeError)):
-        load_decoder_weights(wider, full.state_dict, "full", "full")
+        load_decoder_weights(wider, full)

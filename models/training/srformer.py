@@ -333,9 +333,7 @@ def train_main(argv: Sequence[str]) -> int:
     if args.warm_start:
         warm_start_from_minilm(model)
     if args.init_from is not None:  # e.g. a full-attention decoder trained further as a segmented one
-        checkpoint = load_checkpoint(args.init_from)
-        load_decoder_weights(model, {name: tensor.float() for name, tensor in checkpoint.state_dict.items()},
-                             checkpoint.config["cross_attention"], args.init_from)
+        load_decoder_weights(model, load_checkpoint(args.init_from))
     model = model.to(args.device).train()
     tokenizer = load_minilm_tokenizer()
     train = load_examples(args.data, "train", args.max_source, config.encoder_window, args.train_limit or None,
