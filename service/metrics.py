@@ -72,6 +72,10 @@ class GpuCollector(Collector):
             return
         nvml = self._nvml
         power = GaugeMetricFamily("rtserve_gpu_power_watts", "GPU power draw (NVML).", labels=["gpu"])
+        power_limit = GaugeMetricFamily(
+            "rtserve_gpu_power_limit_watts", "The power limit the driver enforces (NVML); clocks throttle there.",
+            labels=["gpu"],
+        )
         energy = CounterMetricFamily(
             "rtserve_gpu_energy_joules", "GPU energy since driver load (NVML).", labels=["gpu"]
         )
@@ -84,12 +88,16 @@ class GpuCollector(Collector):
             label = [str(index)]
             power.add_metric(label, nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)  # mW -> W
             try:
+                power_limit.add_metric(label, nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0)  # mW -> W
+            except nvml.NVMLError:  # boards without power management report none
+                pass
+            try:
                 energy.add_metric(label, nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0)  # mJ -> J
             except nvml.NVMLError:  # pre-Volta GPUs have no energy counter
                 pass
             utilisation.add_metric(label, nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
             memory.add_metric(label, float(nvml.nvmlDeviceGetMemoryInfo(handle).used))
-        yield from (power, energy, utilisation, memory)
+        yield from (power, power_limit, energy, utilisation, memory)
 
 
 @dataclass(eq=False)  # identity: a running batch is removed by itself, never by equal fields

@@ -28,7 +28,7 @@ from service.embedded_redis import die_with_parent
 from service.logs import configure_logging, uvicorn_log_config
 from service.metrics import ServiceMetrics
 from service.settings import Settings
-from service.workers import shared_by_workers
+from service.workers import MetricsDirError, shared_by_workers
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -115,6 +115,9 @@ def run(host: str | None = None, port: int | None = None) -> None:
     if settings.workers == 1:
         uvicorn.run(create_app(settings), http=HeaderTimeoutProtocol.configure(settings), **options)
         return
-    with shared_by_workers(settings):  # spawned, each worker reads it from the environment (worker_app)
-        uvicorn.run("service.server:worker_app", factory=True, workers=settings.workers, http=HeaderTimeoutProtocol,
-                    **options)
+    try:
+        with shared_by_workers(settings):  # spawned, each worker reads it from the environment (worker_app)
+            uvicorn.run("service.server:worker_app", factory=True, workers=settings.workers,
+                        http=HeaderTimeoutProtocol, **options)
+    except MetricsDirError as error:  # raised before any worker started
+        raise SystemExit(f"rtserve: {error}") from None

@@ -127,8 +127,8 @@ class Settings(BaseSettings):
         "it raised no throughput). Each worker holds its own copy of every model and batches only its own requests.",
     )
     metrics_dir: Path | None = Field(
-        None, description="With several workers: the folder where they keep their metric files (emptied at start). "
-        "Default: a temporary folder.",
+        None, description="With several workers: a folder of their own where they keep their metric files (an "
+        "earlier run's are deleted at start; any other *.db file there is refused). Default: a temporary folder.",
     )
     log_level: str = Field("info", description="uvicorn / service log level.")
     access_log: bool = Field(

@@ -34,6 +34,13 @@ def _fake_nvml(monkeypatch, devices):
     nvml.nvmlDeviceGetCount = lambda: len(devices)
     nvml.nvmlDeviceGetHandleByIndex = lambda index: devices[index]
     nvml.nvmlDeviceGetPowerUsage = lambda handle: handle["power_mw"]
+
+    def enforced_power_limit(handle):
+        if "limit_mw" not in handle:
+            raise NVMLError("not supported")
+        return handle["limit_mw"]
+
+    nvml.nvmlDeviceGetEnforcedPowerLimit = enforced_power_limit
     nvml.nvmlDeviceGetTotalEnergyConsumption = lambda handle: handle["energy_mj"]
     nvml.nvmlDeviceGetUtilizationRates = lambda handle: types.SimpleNamespace(gpu=handle["util_percent"])
     nvml.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(used=handle["memory_bytes"])
@@ -42,7 +49,8 @@ def _fake_nvml(monkeypatch, devices):
 
 def test_nvml_readings_become_watts_joules_ratio_and_bytes(monkeypatch):
     _fake_nvml(monkeypatch, [
-        {"power_mw": 312_500, "energy_mj": 9_876_543, "util_percent": 87, "memory_bytes": 12 * 2**30},
+        {"power_mw": 312_500, "limit_mw": 700_000, "energy_mj": 9_876_543, "util_percent": 87,
+         "memory_bytes": 12 * 2**30},
         {"power_mw": 70_000, "energy_mj": 1_000, "util_percent": 0, "memory_bytes": 0},
     ])
     collector = GpuCollector()
@@ -54,6 +62,9 @@ def test_nvml_readings_become_watts_joules_ratio_and_bytes(monkeypatch):
     assert samples[("rtserve_gpu_utilization_ratio", "0")] == 0.87
     assert samples[("rtserve_gpu_memory_used_bytes", "0")] == 12 * 2**30
     assert samples[("rtserve_gpu_power_watts", "1")] == 70.0
+    # the limit the power alert compares with; a board that reports none has no sample (not a zero)
+    assert samples[("rtserve_gpu_power_limit_watts", "0")] == 700.0
+    assert ("rtserve_gpu_power_limit_watts", "1") not in samples
 
 
 def test_nvml_without_devices_disables_gpu_metrics(monkeypatch):

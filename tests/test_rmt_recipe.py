@@ -41,3 +41,38 @@ def test_train_rmt_writes_a_checkpoint_per_recipe(tmp_path, capsys, fit_on):
     # eval reports what the checkpoint was trained on, so a dev score of a refit is not mistaken for held-out
     eval_main([str(out), "--data", str(data), "--split", "test"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["trained_on"] == fit_on
+
+
+
+def test_random_segments_draws_a_count_per_article_and_step(tmp_path, monkeypatch):
+    from models.rmt import RMT
+
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_corpus(data)  # 8 training articles of 1-2 segments
+    seen: list[list[int]] = []
+    forward = RMT.forward_segments
+
+    def recording(self, segs, counts, **kwargs):
+        if self.training:
+            seen.append(counts.tolist())
+        return forward(self, segs, counts, **kwargs)
+
+    monkeypatch.setattr(RMT, "forward_segments", recording)
+
+    def epochs_of_counts(*flags: str) -> list[list[int]]:
+        seen.clear()
+        out = tmp_path / ("run" + "".join(flags))
+        argv = ["rmt", "--data", str(data), "--out", str(out), "--segments", "3", "--memory-layer", "5",
+                "--epochs", "3", "--batch-size", "4", "--cache-dir", str(tmp_path / "cache"), *flags]
+        assert train_main(argv) == 0
+        assert json.loads((out / "config.json").read_text())["extras"]["recipe"]["random_segments"] == bool(flags)
+        return [sorted(c for step in seen[e * 2 : e * 2 + 2] for c in step) for e in range(3)]
+
+    as_trained = epochs_of_counts()
+    assert len(seen) == 6 and as_trained[0] == as_trained[1] == as_trained[2]  # each article: min(3, its length)
+    drawn = epochs_of_counts("--random-segments")
+    assert all(len(e) == 8 and min(e) >= 1 for e in drawn)
+    # a draw never reads more than the article has, and some read fewer than as trained
+    assert all(sum(e) < sum(as_trained[0]) for e in drawn)
+    assert len({tuple(e) for e in drawn}) > 1  # drawn again at every step

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.chaos import free_port
 from service.settings import Settings
-from service.workers import threads_per_worker, usable_cores
+from service.workers import MetricsDirError, clear_metrics_dir, threads_per_worker, usable_cores
 from tests.service_helpers import start_rtserve
 
 MODEL = "rsa-tiny"
@@ -81,6 +83,35 @@ def test_threads_per_worker_share_the_cores():
     assert threads_per_worker(Settings(workers=2, intra_op_threads=3)) == 3  # a setting is kept
     assert threads_per_worker(Settings(workers=2)) == max(1, usable_cores() // 2)
     assert threads_per_worker(Settings(workers=10_000)) == 1
+
+
+def test_the_metrics_folder_loses_only_prometheus_files_and_refuses_foreign_databases(tmp_path):
+    folder = tmp_path / "metrics"
+    clear_metrics_dir(folder)  # made when missing
+    earlier = ["counter_17.db", "histogram_17.db", "gauge_livesum_17.db", "gauge_all_18.db", "summary_18.db"]
+    for name in [*earlier, "README.txt"]:
+        (folder / name).write_bytes(b"x")
+    clear_metrics_dir(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["README.txt"]  # an earlier run's metrics, and only those
+    for name in earlier:
+        (folder / name).write_bytes(b"x")
+    (folder / "users.db").write_bytes(b"someone's data")
+    with pytest.raises(MetricsDirError, match="users.db"):
+        clear_metrics_dir(folder)
+    assert (folder / "users.db").read_bytes() == b"someone's data"  # refused, and nothing deleted
+    assert all((folder / name).exists() for name in earlier)
+
+
+def test_a_metrics_folder_with_foreign_databases_stops_startup_with_its_name(tmp_path):
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    (folder / "users.db").write_bytes(b"someone's data")
+    env = {"RTSERVE_WORKERS": "2", "RTSERVE_METRICS_DIR": str(folder), "RTSERVE_MODEL_REPOSITORY": str(tmp_path)}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
+    result = subprocess.run([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(free_port())],
+                            env=inherited | env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "users.db" in result.stderr and "Traceback" not in result.stderr
+    assert (folder / "users.db").exists()
 
 
 def test_two_workers_share_sessions_and_metrics_and_stop_together(forecast_repository, tmp_path):

@@ -109,11 +109,16 @@ def lower_masks(data: Path, segment_size: int) -> dict[str, torch.Tensor]:
 
 
 def cached_batch(
-    articles: list[Article], cache: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], max_segments: int
+    articles: list[Article], cache: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
+    max_segments: int | Sequence[int],
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-    """Padded per-t (lower states (B,s,d), mask (B,s)) and counts (B,) from the cache."""
-    return batch_segments([list(zip(cache[a.id][:max_segments], masks[a.id][:max_segments], strict=True))
-                           for a in articles])
+    """Padded per-t (lower states (B,s,d), mask (B,s)) and counts (B,) from the cache.
+
+    ``max_segments``: one limit for every article, or one per article.
+    """
+    limits = [max_segments] * len(articles) if isinstance(max_segments, int) else list(max_segments)
+    return batch_segments([list(zip(cache[a.id][:n], masks[a.id][:n], strict=True))
+                           for a, n in zip(articles, limits, strict=True)])
 
 
 @torch.no_grad()
@@ -147,6 +152,11 @@ def recipe_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="random seed (initialisation, data order)")
     parser.add_argument("--memory-reset", action="store_true", help="baseline: reset the memory at every segment")
     parser.add_argument("--truncate", action="store_true", help="baseline: first segment only (sets --segments 1)")
+    parser.add_argument(
+        "--random-segments", action="store_true",
+        help="ours: at every training step each article reads its first n segments, n drawn uniformly from "
+        "1..--segments (scoring reads --segments)",
+    )
     parser.add_argument("--memory-size", type=int, default=10)
     parser.add_argument("--segment-size", type=int, default=128)
     parser.add_argument("--memory-layer", type=int, default=5, help="layers below are frozen and cached")
@@ -201,6 +211,8 @@ def train_epochs(
     from tqdm import tqdm
 
     rng = random.Random(args.seed)
+    # a generator of its own, so the data order is the same with and without --random-segments
+    segment_counts = random.Random(f"segments-{args.seed}")
     started = time.time()
     progress = tqdm(total=steps, desc=desc, file=sys.stderr)
     for epoch in range(args.epochs):
@@ -210,7 +222,10 @@ def train_epochs(
         total = 0.0
         for i in range(0, len(order), args.batch_size):
             batch = order[i : i + args.batch_size]
-            segs, counts = cached_batch(batch, cache, masks, model.config.max_segments)
+            limit = model.config.max_segments
+            if args.random_segments:
+                limit = [segment_counts.randint(1, model.config.max_segments) for _ in batch]
+            segs, counts = cached_batch(batch, cache, masks, limit)
             logits = model.forward_segments(segs, counts, lower_cached=True)
             loss = cross_entropy(logits, torch.tensor([a.label for a in batch]))
             optimizer.zero_grad()
@@ -248,7 +263,8 @@ def train_main(argv: Sequence[str]) -> int:
         train, dev = train + dev, []
 
     best, history, started = None, [], time.time()
-    desc = f"rmt s={config.max_segments}{' reset' if config.memory_reset else ''}"
+    flags = [flag for flag, on in (("random", args.random_segments), ("reset", config.memory_reset)) if on]
+    desc = " ".join(["rmt", f"s={config.max_segments}", *flags])
     for row in train_epochs(model, train, cache, masks, args, desc):
         epoch = row["epoch"] - 1
         dev_scores = {} if refit else metrics([a.label for a in dev], predict_cached(model, dev, cache, masks))
