@@ -16,7 +16,7 @@ from models.serving.servable import build_servable
 from service.runtime.backends import OnnxBackend, TorchBackend, load_backends
 from tests.tiny_checkpoints import tiny_forecaster, tiny_rmt, tiny_srformer
 
-TOLERANCE = {"fp16": 1e-2, "bf16": 5e-2}
+TOLERANCE = {"fp16": 1e-2, "bf16": 5e-2, "fp32": 1e-4}  # fp32: on another device (tests/test_cuda.py)
 MASKED = -1e29
 
 
