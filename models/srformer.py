@@ -421,20 +421,19 @@ class SegmentedCrossAttention(CrossAttention):
                      seg: torch.Tensor, context: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
         K, V = mem["k"], mem["v"]  # (B, h, k, dh)
-        B, k = mask.shape
+        B = mask.shape[0]
         # K_s = split(K); read segment i only: positions i*s .. i*s+s-1
-        pos = seg[:, None] * self.s + torch.arange(self.s, device=Q.device)  # (B, s)
-        valid = (pos < k) & mask.gather(1, pos.clamp(max=k - 1))  # (B, s)
-        gidx = pos.clamp(max=k - 1)[:, None, :, None].expand(B, self.n_head, self.s, self.dh)
+        pos, valid = (x[:, 0] for x in self._segment_positions(seg[:, None], mask))  # (B, s)
+        gidx = pos[:, None, :, None].expand(B, self.n_head, self.s, self.dh)
         keep = valid[:, None, :, None].to(K.dtype)
         Ks = K.gather(2, gidx) * keep  # (B, h, s, dh) K_Si
         Vs = V.gather(2, gidx) * keep  # (B, h, s, dh) V_Si
         att = (Q @ Ks.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, s) Eq. (4)
         if self.match is not None:  # b_Si: the bias of the segment's positions only
-            seg_context = context.gather(2, pos.clamp(max=k - 1)[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
+            seg_context = context.gather(2, pos[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
             att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]
         att = att.masked_fill(~valid[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
-        return att @ Vs, att, pos.clamp(max=k - 1), (Ks, Vs, keep)  # (B, h, 1, dh) Eq. (6): O_S
+        return att @ Vs, att, pos, (Ks, Vs, keep)  # (B, h, 1, dh) Eq. (6): O_S
 
 
 class SRformerCrossAttention(SegmentedCrossAttention):
