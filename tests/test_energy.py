@@ -35,6 +35,7 @@ def fake_nvml(gpus: list[FakeGpu]) -> types.ModuleType:
     nvml.nvmlDeviceGetHandleByIndex = lambda index: gpus[index]
     nvml.nvmlDeviceGetTotalEnergyConsumption = energy
     nvml.nvmlDeviceGetPowerUsage = lambda handle: 100_000
+    nvml.nvmlDeviceGetEnforcedPowerLimit = lambda handle: 700_000
     nvml.nvmlDeviceGetUtilizationRates = lambda handle: types.SimpleNamespace(gpu=50)
     nvml.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(used=0)
     return nvml
