@@ -64,7 +64,7 @@ def clear_metrics_dir(folder: Path) -> None:
     foreign = [path.name for path in databases if not METRICS_FILE.fullmatch(path.name)]
     if foreign:
         raise MetricsDirError(f"RTSERVE_METRICS_DIR={folder} holds files that are not rtserve's metrics "
-                           f"({', '.join(foreign[:3])}); give the metrics a folder of their own")
+                              f"({', '.join(foreign[:3])}); give the metrics a folder of their own")
     for stale in databases:
         stale.unlink()
 
