@@ -47,9 +47,9 @@ the sequence number it read is still current (compare-and-set) and writes
 state, result and chunk together or not at all. Idle sessions expire after
 the TTL; none outlives its maximum lifetime.
 
-An applied piece costs two round trips to Redis: ``BEGIN_SCRIPT`` reads meta,
-state and last result and takes the session's lock when the piece is the
-next one; ``COMMIT_SCRIPT`` writes, releases the lock and returns the new
+An applied piece costs two round trips to Redis: ``BEGIN_SCRIPT`` reads meta and
+state (and the last result, for a retry only) and takes the session's lock
+when the piece is the next one; ``COMMIT_SCRIPT`` writes, releases the lock and returns the new
 meta, pipelined with the live-index touch. A retry costs one.
 """
 
@@ -66,6 +66,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from redis.exceptions import NoScriptError
 
 from service.metrics import ServiceMetrics
@@ -101,7 +102,8 @@ return 0
 BEGIN_SCRIPT = """
 -- KEYS: meta, state, result, lock; ARGV: seq to apply, owner, lock token, lock milliseconds
 -- Returns {} when the session is gone, else {meta fields, meta ttl, state, result, locked}: the lock
--- is taken only when the owner matches, the session is open and the piece is the next one.
+-- is taken only when the owner matches, the session is open and the piece is the next one. The stored
+-- result comes back only for a retry of the last applied piece (the one case that answers with it).
 local fields = redis.call('HGETALL', KEYS[1])
 if #fields == 0 then return {} end
 local meta = {}
@@ -110,7 +112,9 @@ local locked = 0
 if meta['owner'] == ARGV[2] and meta['status'] ~= 'finished' and tonumber(ARGV[1]) == tonumber(meta['seq']) + 1 then
   if redis.call('SET', KEYS[4], ARGV[3], 'NX', 'PX', ARGV[4]) then locked = 1 end
 end
-return {fields, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3]), locked}
+local result = false
+if tonumber(ARGV[1]) == tonumber(meta['seq']) then result = redis.call('GET', KEYS[3]) end
+return {fields, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]), result, locked}
 """
 
 COMMIT_SCRIPT = """
@@ -356,12 +360,14 @@ class SessionStore:
         if meta.owner != owner:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         decoded = [decode_tensors(chunk) for chunk in chunks[0]] if chunks else []
-        return meta, decode_tensors(blob), (json.loads(result) if result else None), decoded
+        return meta, decode_tensors(blob), (orjson.loads(result) if result else None), decoded
 
     async def begin(
         self, session_id: str, owner: str, seq: int
     ) -> tuple[SessionMeta, Arrays, dict[str, Any] | None, str | None]:
-        """One round trip: meta, state and last result, plus the session's lock if ``seq`` is the next piece.
+        """One round trip: meta and state, plus the session's lock if ``seq`` is the next piece.
+
+        The last result comes back only when ``seq`` is the last applied piece (a retry answers with it).
 
         The lock token is None when the piece is not the next one (a retry, a gap) or another
         request holds the lock (it is applying this very piece right now).
@@ -377,7 +383,7 @@ class SessionStore:
         meta = SessionMeta.from_hash(session_id, fields, int(ttl))
         if meta.owner != owner:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
-        return meta, decode_tensors(blob), (json.loads(result) if result else None), token if locked else None
+        return meta, decode_tensors(blob), (orjson.loads(result) if result else None), token if locked else None
 
     async def release(self, session_id: str, token: str) -> None:
         with self.store.unavailable_as_error():
@@ -394,7 +400,7 @@ class SessionStore:
         keys = self._keys(meta.id)
         state_blob = encode_tensors(consumed.state)
         args: list[Any] = [
-            meta.seq, seq, state_blob, json.dumps(consumed.result), self._ttl(meta.deadline), piece_sha,
+            meta.seq, seq, state_blob, orjson.dumps(consumed.result), self._ttl(meta.deadline), piece_sha,
             consumed.units_read, consumed.segments, len(state_blob), token,
         ]
         if consumed.chunk:
@@ -418,7 +424,7 @@ class SessionStore:
         between, -1 session gone (meta None for the last two).
         """
         keys = self._keys(meta.id)
-        args = [meta.seq, json.dumps(result), self._ttl(meta.deadline)]
+        args = [meta.seq, orjson.dumps(result), self._ttl(meta.deadline)]
         with self.store.unavailable_as_error(), self.metrics.time_redis("finish"):
             idle_expiry = time.time() + self._ttl(meta.deadline)
             reply = await self._script_with(

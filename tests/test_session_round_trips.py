@@ -43,6 +43,7 @@ def test_an_applied_piece_costs_two_round_trips_and_a_retry_one(client, round_tr
         round_trips["count"] = 0
         retry = client.post(url, json={"seq": seq, "rows": piece})
         assert retry.status_code == 200 and retry.json()["replayed"]
+        assert retry.json()["result"] == applied.json()["result"]  # the stored result, to the last digit
         assert round_trips["count"] == 1
     status = client.get(f"/sessions/{session['id']}").json()
     assert status["seq"] == 5 and status["consumed"] == 10 + 4 * 7
@@ -58,3 +59,28 @@ def test_a_piece_still_applies_after_redis_forgets_its_scripts(client):
     sync_redis.Redis.from_url(settings.redis_url).script_flush()  # as after a Redis restart
     response = client.post(url, json={"seq": 2, "rows": rows(5)})
     assert response.status_code == 200 and response.json()["session"]["seq"] == 2
+
+
+def test_the_stored_result_is_read_only_for_a_retry(client, monkeypatch):
+    """The begin script sends the last result back only when the piece is the last applied one."""
+    from service.sessions import SessionStore
+
+    results_read = []
+    original = SessionStore.begin
+
+    async def recording(self, session_id, owner, seq):
+        reply = await original(self, session_id, owner, seq)
+        results_read.append(reply[2])
+        return reply
+
+    monkeypatch.setattr(SessionStore, "begin", recording)
+    session = client.post("/sessions", json={"task": "forecast"}).json()
+    url = f"/sessions/{session['id']}/segments"
+    lookback = client.app.state.registry.models[session["model"]].pipeline.lookback
+    first = client.post(url, json={"seq": 1, "rows": rows(lookback)}).json()
+    piece = rows(3)
+    applied = client.post(url, json={"seq": 2, "rows": piece}).json()
+    assert first["result"]["forecast"] is not None  # a stored result worth not reading
+    assert results_read == [None, None]  # pieces 1 and 2: the next piece each time
+    replayed = client.post(url, json={"seq": 2, "rows": piece}).json()
+    assert replayed["replayed"] and results_read[2] == applied["result"] == replayed["result"]
