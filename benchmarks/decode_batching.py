@@ -7,8 +7,10 @@ The documents are those of ``rtserve bench``'s ``decode`` scenario (one or two w
 each). They are read once (the encoder is untimed); then every summary is decoded through the
 service's own pipeline, decode loop and backend, in this process: all 32 searches at once (they
 share every step of the decode loop) and one search at a time. Printed per repository: decode
-tokens/s both ways, their ratio, and the split of the wall time between the decode graph (the
-backend's calls) and everything else (the searches, re-forming the batch, the thread hop). With
+tokens/s both ways, their ratio, the split of the wall time between the decode graph (the
+backend's calls) and everything else (the searches, re-forming the batch, the thread hop), and the
+megabytes per step a GPU backend would copy to the device: every input at every step, and with the
+fixed inputs kept on the device between re-forms (counted here from the arrays, on any machine). With
 ``--baseline``, the two repositories alternate in one process, ``--repeats`` times each, medians.
 This is the ceiling of the HTTP bench's ``decode`` ratio on the same machine: no HTTP, no client.
 """
@@ -20,6 +22,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,28 +34,38 @@ from service.settings import Settings
 
 @dataclass
 class Timed:
-    """The decode graph's calls, timed: wrapped around a backend's ``run``."""
+    """The decode graph's calls, timed: wrapped around a backend's ``run``. Also counted: the bytes a GPU
+    backend would copy to the device, copying every input at every call (``all_bytes``) and copying a
+    ``keep`` input only when it is a new array (``copied_bytes``, :class:`service.runtime.backends.DeviceCopies`)."""
 
     backend: Any
     seconds: float = 0.0
     calls: int = 0
     rows: int = 0
+    all_bytes: int = 0
+    copied_bytes: int = 0
     run: Any = field(init=False)
+    last_kept: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.run = self.backend.run
         self.backend.run = self._run
 
-    def _run(self, feed: dict) -> dict:
+    def _run(self, feed: dict, keep: Collection[str] = ()) -> dict:
         started = time.perf_counter()
-        outputs = self.run(feed)
+        outputs = self.run(feed, keep)
         self.seconds += time.perf_counter() - started
         self.calls += 1
         self.rows += len(feed["token"])
+        self.all_bytes += sum(array.nbytes for array in feed.values())
+        for name, array in feed.items():
+            if name not in keep or self.last_kept.get(name) is not array:
+                self.copied_bytes += array.nbytes
+        self.last_kept = {name: feed[name] for name in keep}
         return outputs
 
     def reset(self) -> None:
-        self.seconds, self.calls, self.rows = 0.0, 0, 0
+        self.seconds, self.calls, self.rows, self.all_bytes, self.copied_bytes = 0.0, 0, 0, 0, 0
 
 
 async def read(model: LoadedModel, texts: list[str]) -> list[tuple[dict, list]]:
@@ -109,6 +122,8 @@ async def measure(repositories: dict[str, Path], model_name: str, data: Path, co
                     "tokens_per_second": tokens / seconds, "graph_share": timer.seconds / seconds,
                     "mean_batch": timer.rows / max(timer.calls, 1),
                     "graph_ms_per_row": 1000 * timer.seconds / max(timer.rows, 1),
+                    "mb_per_step_every_input": timer.all_bytes / 1e6 / max(timer.calls, 1),
+                    "mb_per_step_kept": timer.copied_bytes / 1e6 / max(timer.calls, 1),
                 })
     for model in models.values():
         for runner in model.batchers.values():
@@ -129,11 +144,12 @@ def main() -> None:
     repositories = {"this": args.repository} | ({"baseline": args.baseline} if args.baseline else {})
     results = asyncio.run(measure(repositories, args.model, args.data, args.documents, args.repeats))
     print(f"{args.documents} documents, {args.repeats} repeats, medians\n")
-    print("| repository, decoding | tokens/s | mean batch | graph ms per row | graph share of wall |")
-    print("|---|---|---|---|---|")
+    print("| repository, decoding | tokens/s | mean batch | graph ms per row | graph share of wall "
+          "| MB to a GPU per step: every input / fixed inputs kept |")
+    print("|---|---|---|---|---|---|")
     for name, row in results.items():
         print(f"| {name} | {row['tokens_per_second']:.0f} | {row['mean_batch']:.1f} | {row['graph_ms_per_row']:.3f} "
-              f"| {row['graph_share']:.2f} |")
+              f"| {row['graph_share']:.2f} | {row['mb_per_step_every_input']:.2f} / {row['mb_per_step_kept']:.2f} |")
     print()
     for label in repositories:
         ratio = results[f"{label} concurrent"]["tokens_per_second"] / results[f"{label} one at a time"][

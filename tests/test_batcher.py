@@ -21,7 +21,7 @@ class RecordingBackend:
         self.threads: set[str] = set()
         self.weight = np.random.default_rng().standard_normal((3, 3)).astype(np.float32)
 
-    def run(self, inputs):
+    def run(self, inputs, keep=()):
         self.calls.append(inputs["x"].shape[0])
         self.threads.add(threading.current_thread().name)
         return {"y": inputs["x"] @ self.weight, "n": inputs["x"].sum(axis=(1, 2))}
@@ -59,7 +59,7 @@ async def test_batches_respect_max_batch_size_and_shape_signatures():
 
 async def test_a_failing_batch_fails_every_caller_with_the_error():
     class Broken(RecordingBackend):
-        def run(self, inputs):
+        def run(self, inputs, keep=()):
             raise RuntimeError("graph exploded")
 
     batcher = DynamicBatcher(Broken(), "m", "step", max_batch_size=4, max_queue_delay_seconds=0.01)
@@ -95,11 +95,11 @@ class SlowBackend(RecordingBackend):
         super().__init__()
         self.seconds = seconds
 
-    def run(self, inputs):
+    def run(self, inputs, keep=()):
         import time
 
         time.sleep(self.seconds)
-        return super().run(inputs)
+        return super().run(inputs, keep)
 
 
 async def test_a_lone_request_runs_at_once_whatever_the_queue_delay():

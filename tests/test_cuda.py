@@ -69,7 +69,13 @@ def test_onnx_graphs_on_the_gpu_match_the_cpu_provider(tiny_models, name, precis
         assert isinstance(backend, OnnxBackend) and backend.io_binding
         assert backend.providers[0] == "CUDAExecutionProvider"
         inputs = {s.name: t.numpy() for s, t in zip(graph.inputs, graph.sample_inputs(4, generator), strict=True)}
-        assert_close(on_cpu[graph.name].run(inputs), backend.run(inputs), precision, f"{name}.{graph.name} on cuda:0")
+        reference = on_cpu[graph.name].run(inputs)
+        assert_close(reference, backend.run(inputs), precision, f"{name}.{graph.name} on cuda:0")
+        kept = {input_name for input_name, array in inputs.items() if np.issubdtype(array.dtype, np.floating)}
+        assert_close(reference, backend.run(inputs, keep=kept), precision, f"{name}.{graph.name}, kept inputs")
+        copied = backend.device_copies.bytes_copied
+        assert_close(reference, backend.run(inputs, keep=kept), precision, f"{name}.{graph.name}, kept again")
+        assert backend.device_copies.bytes_copied == copied  # on the GPU already: not copied again
 
 
 def _answers(client) -> dict[str, dict]:

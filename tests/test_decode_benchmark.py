@@ -23,4 +23,6 @@ def test_decode_batching_benchmark_prints_both_ways_for_both_repositories(summar
         assert tokens_per_second > 0 and mean_batch >= 1
     concurrent = next(line for line in lines if line.startswith("| this concurrent |"))
     assert float(concurrent.split("|")[3]) > 1  # the three documents shared decode steps
+    every_input, kept = (float(mb) for mb in concurrent.split("|")[6].split("/"))
+    assert 0 < kept < every_input  # the fixed inputs are copied at re-forms only
     assert any(line.startswith("this / baseline, concurrent:") for line in lines)

@@ -1,5 +1,6 @@
 """The decode loop: searches of different documents share steps, join and leave at any step, and each
-ends exactly as it would alone; a search that leaves costs no copy of the others' inputs."""
+ends exactly as it would alone; a search that leaves costs no copy of the others' inputs; the fixed
+inputs it asks the backend to keep on the device are never changed under it."""
 
 import asyncio
 
@@ -30,15 +31,21 @@ class ToyDecoder:
 
     def __init__(self) -> None:
         self.calls: list[dict[str, np.ndarray]] = []
+        self.keeps: list[frozenset[str]] = []
+        self.dropped = 0
 
-    def run(self, inputs):
+    def run(self, inputs, keep=()):
         self.calls.append(dict(inputs))
+        self.keeps.append(frozenset(keep))
         source = (inputs["source"] * inputs["mask"]).sum(axis=1)
         history = (inputs["history"] * inputs["self_mask"]).sum(axis=1)
         key = 0.37 * source + 0.11 * history + 0.05 * inputs["token"] + 0.013 * inputs["t"]
         logp = np.sin(key[:, None] * np.arange(1, VOCAB + 1)[None, :])
         return {"logp": logp, "next_history": np.concatenate([inputs["history"], inputs["token"][:, None] % 5.0], 1),
                 "next_self_mask": np.concatenate([inputs["self_mask"], np.ones((len(logp), 1), bool)], 1)}
+
+    def drop_kept(self):
+        self.dropped += 1
 
 
 def document(rng, length, rows):
@@ -98,4 +105,35 @@ async def test_a_search_that_leaves_costs_no_copy_of_the_others_inputs():
     assert len(leaves) >= 4  # the searches end at different steps
     for before, after in leaves:  # the rows that stay are where they were: the same memory
         assert np.shares_memory(before["source"], after["source"])
+    await loop.close()
+
+
+async def test_kept_inputs_are_the_fixed_ones_and_an_array_passed_again_is_unchanged():
+    """What lets a GPU backend copy a document's fixed inputs to the device once per re-form: the loop names
+    them in ``keep``, and an array object it passes again holds the values it held when first passed."""
+    rng = np.random.default_rng(11)
+    specs = [(int(rng.integers(4, 25)), int(rng.choice([1, 2]))) for _ in range(10)]
+    documents = [document(rng, int(rng.integers(2, 30)), beams) for _, beams in specs]
+    backend = ToyDecoder()
+    loop = DecodeLoop(backend, "m", GRAPH, max_batch_size=8)
+    seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # id -> (the array, its values when first passed)
+
+    original_run = backend.run
+
+    def checking(inputs, keep=()):
+        for name in keep:
+            array = inputs[name]
+            if id(array) in seen and seen[id(array)][0] is array:
+                assert np.array_equal(array, seen[id(array)][1]), f"{name} changed in place, then passed again"
+            else:
+                seen[id(array)] = (array, array.copy())
+        return original_run(inputs, keep)
+
+    backend.run = checking
+    await decode_all(loop, specs, documents, late_after_calls=4, backend=backend)
+    assert all(keep == {"source", "mask"} for keep in backend.keeps)
+    passed_again = sum(a["source"] is b["source"] for a, b in zip(backend.calls, backend.calls[1:], strict=False))
+    reformed = len(backend.calls) - 1 - passed_again
+    assert passed_again > 3 * reformed > 0  # mostly the same arrays, new ones at each re-form
+    assert backend.dropped == 1  # the batch emptied once: its device copies freed
     await loop.close()

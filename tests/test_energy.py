@@ -115,7 +115,7 @@ async def test_the_batcher_charges_each_batch_to_its_model(monkeypatch):
     class GpuBackend:  # draws 2 J per row it runs
         name, providers, device = "numpy", ["CUDAExecutionProvider"], "cuda:0"
 
-        def run(self, inputs):
+        def run(self, inputs, keep=()):
             gpu.millijoules += 2_000 * len(inputs["x"])
             return {"y": inputs["x"] * 2}
 

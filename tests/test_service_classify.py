@@ -109,9 +109,9 @@ async def test_documents_of_different_lengths_share_segment_batches(repository):
     class Recording:
         name, providers = inner.name, inner.providers
 
-        def run(self, inputs):
+        def run(self, inputs, keep=()):
             rows.append(len(inputs["memory"]))
-            return inner.run(inputs)
+            return inner.run(inputs, keep)
 
     step.backend = Recording()
     rng = np.random.default_rng()

@@ -89,14 +89,17 @@ class RecordingBackend:
         self.inner, self.name, self.providers, self.rows = inner, inner.name, inner.providers, []
         self.hold = None
 
-    def run(self, inputs):
+    def run(self, inputs, keep=()):
         if self.hold is not None:
             deadline = time.monotonic() + 10
             while not self.hold() and time.monotonic() < deadline:
                 time.sleep(0.001)
             self.hold = None
         self.rows.append(len(inputs["token"]))
-        return self.inner.run(inputs)
+        return self.inner.run(inputs, keep)
+
+    def drop_kept(self):
+        self.inner.drop_kept()
 
 
 DOCUMENTS = [

@@ -22,10 +22,13 @@ class SlowCountingBackend:
     def __init__(self, inner):
         self.inner, self.name, self.providers, self.steps = inner, inner.name, inner.providers, 0
 
-    def run(self, inputs):
+    def run(self, inputs, keep=()):
         self.steps += 1
         time.sleep(0.02)
-        return self.inner.run(inputs)
+        return self.inner.run(inputs, keep)
+
+    def drop_kept(self):
+        self.inner.drop_kept()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ hot path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +32,45 @@ class Backend(Protocol):
     precision: str  # "fp32", "fp16" or "bf16"
     providers: list[str]
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    def run(self, inputs: Mapping[str, np.ndarray], keep: Collection[str] = ()) -> dict[str, np.ndarray]:
+        """``keep``: inputs the caller will pass again, as the very same array objects, unchanged (see
+        :class:`DeviceCopies`)."""
+        ...
+
+    def drop_kept(self) -> None:
+        """Free the device copies kept for ``keep`` inputs."""
+        ...
+
+
+class DeviceCopies:
+    """Device copies of the inputs a caller passes again unchanged, made once instead of at every call.
+
+    A decode step's fixed inputs (each document's encoder keys and values, its output layer: megabytes per
+    row) are the same arrays from one step to the next until the batch re-forms; on a GPU, copying them to
+    the device at every step would move more bytes than the step computes on. For a name in ``keep``,
+    :meth:`get` reuses the device copy while the caller passes the very same array object and copies
+    again when it passes another. The array is held with its copy, so ``is`` cannot match a new array at
+    a recycled address. The caller must not change a kept array in place and pass that object again
+    (:class:`~service.runtime.decode_loop.DecodeLoop` makes a new array, or view, at every change).
+    """
+
+    def __init__(self, to_device: Callable[[np.ndarray], Any]) -> None:
+        self._to_device = to_device
+        self._kept: dict[str, tuple[np.ndarray, Any]] = {}  # name -> (the caller's array, its device copy)
+        self.bytes_copied = 0  # host-to-device bytes of the copies made
+
+    def get(self, name: str, given: np.ndarray, array: np.ndarray) -> Any:
+        """The device copy of ``array`` (``given`` coerced to the graph's dtype) for input ``name``."""
+        kept = self._kept.get(name)
+        if kept is not None and kept[0] is given:
+            return kept[1]
+        copy = self._to_device(array)
+        self.bytes_copied += array.nbytes
+        self._kept[name] = (given, copy)
+        return copy
+
+    def clear(self) -> None:
+        self._kept.clear()
 
 
 def onnx_providers_for(device: str) -> list[Any]:
@@ -95,8 +133,9 @@ def _coerce(inputs: Mapping[str, np.ndarray], specs: list[dict[str, Any]]) -> li
 
 
 class OnnxBackend:
-    """An ONNX Runtime session. On CUDA, inputs and outputs go through IO binding: ORT copies each input
-    to the GPU once per batch and each output back to host memory, with no per-call provider round trip."""
+    """An ONNX Runtime session. On CUDA, inputs and outputs go through IO binding: each input is copied
+    to the GPU once per batch (a ``keep`` input once while it stays the same array) and each output back
+    to host memory, with no per-call provider round trip."""
 
     name = "onnx"
 
@@ -107,13 +146,16 @@ class OnnxBackend:
         self.session = onnx_session(path, intra_op_threads, device, precision if convert else "fp32", spinning)
         self.providers = list(self.session.get_providers())
         self.io_binding = device != "cpu"
+        device_id = int(device.partition(":")[2] or 0)
+        self.device_copies = DeviceCopies(
+            lambda array: ort_value_on(array, "cuda" if device.startswith("cuda") else "cpu", device_id))
         # the exporter drops inputs a graph never reads (e.g. the RAF state of a full-attention
         # SRformer): feed only what the session takes
         taken = {node.name for node in self.session.get_inputs()}
         self.input_specs = [spec for spec in graph["inputs"] if spec["name"] in taken]
         self.output_names = [spec["name"] for spec in graph["outputs"]]
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], keep: Collection[str] = ()) -> dict[str, np.ndarray]:
         arrays = _coerce(inputs, self.input_specs)
         if not self.io_binding:
             feed = {spec["name"]: array for spec, array in zip(self.input_specs, arrays, strict=True)}
@@ -121,19 +163,32 @@ class OnnxBackend:
             return dict(zip(self.output_names, outputs, strict=True))
         binding = self.session.io_binding()
         for spec, array in zip(self.input_specs, arrays, strict=True):
-            binding.bind_cpu_input(spec["name"], array)  # ORT copies it to the session's device
+            name = spec["name"]
+            if name in keep:
+                binding.bind_ortvalue_input(name, self.device_copies.get(name, inputs[name], array))
+            else:
+                binding.bind_cpu_input(name, array)  # ORT copies it to the session's device
         for name in self.output_names:
             binding.bind_output(name, "cpu")  # results land in host memory, as numpy
         self.session.run_with_iobinding(binding)
         return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
+
+    def drop_kept(self) -> None:
+        self.device_copies.clear()
+
+
+def ort_value_on(array: np.ndarray, device_type: str, device_id: int) -> Any:
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_numpy(array, device_type, device_id)
 
 
 class _TorchModuleBackend:
     """Shared by TorchScript and eager: positional tensors in, tuple of tensors out.
 
     The module is moved to the device and cast to the precision once; each batch's inputs are
-    moved once (floating ones cast, integer and bool ones unchanged), its outputs come back as
-    float32 numpy arrays.
+    moved once (floating ones cast, integer and bool ones unchanged; a ``keep`` input once while it
+    stays the same array), its outputs come back as float32 numpy arrays.
     """
 
     name = "torch"
@@ -145,21 +200,34 @@ class _TorchModuleBackend:
         self.providers = ["CUDA" if device.startswith("cuda") else "CPU"]
         self.input_specs = list(graph["inputs"])
         self.output_names = [spec["name"] for spec in graph["outputs"]]
+        self.copies_to_device = device != "cpu"  # on the CPU a tensor is a view of the array, nothing to keep
+        self.device_copies = DeviceCopies(self._to_device)
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _to_device(self, array: np.ndarray) -> Any:
         import torch
 
-        tensors = []
-        for array in _coerce(inputs, self.input_specs):
-            tensor = torch.from_numpy(array)
-            dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
-            tensors.append(tensor.to(self.device, dtype=dtype, non_blocking=True))
+        tensor = torch.from_numpy(array)
+        dtype = self.dtype if tensor.is_floating_point() else tensor.dtype
+        return tensor.to(self.device, dtype=dtype, non_blocking=True)
+
+    def run(self, inputs: Mapping[str, np.ndarray], keep: Collection[str] = ()) -> dict[str, np.ndarray]:
+        import torch
+
+        arrays = _coerce(inputs, self.input_specs)
+        if self.copies_to_device:
+            tensors = [self.device_copies.get(spec["name"], inputs[spec["name"]], array) if spec["name"] in keep
+                       else self._to_device(array) for spec, array in zip(self.input_specs, arrays, strict=True)]
+        else:
+            tensors = [self._to_device(array) for array in arrays]
         with torch.inference_mode():
             outputs = self.module(*tensors)
         return {
             name: (tensor.float() if tensor.is_floating_point() else tensor).cpu().numpy()
             for name, tensor in zip(self.output_names, outputs, strict=True)
         }
+
+    def drop_kept(self) -> None:
+        self.device_copies.clear()
 
 
 class TorchScriptBackend(_TorchModuleBackend):

@@ -26,6 +26,10 @@ keys and values; copying all of them at every join and leave was most of the loo
 - padding is cut only when it has become a quarter of an axis or more: a padded axis (a source, a
   vocabulary) when its longest live member left, the self-attention cache's steps when the rows that
   had the longest history left (each row's own positions are moved to the front first).
+
+Between re-forms the fixed inputs are the very same arrays at every step, and every change makes new
+ones (a new array, or a view): the backend is told so (``keep``), and on a GPU copies them to the
+device once per re-form instead of at every step (:class:`~service.runtime.backends.DeviceCopies`).
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ class DecodeLoop(GraphRunner):
                     if not member.future.done():
                         member.future.set_exception(error)
                 self._members, self._arrivals, self._fixed, self._state, self._rows = [], [], {}, {}, 0
+                self.backend.drop_kept()
 
     def _reform(self) -> None:
         """Drop finished or abandoned searches, then admit the arrivals that fit."""
@@ -151,6 +156,7 @@ class DecodeLoop(GraphRunner):
         kept = sum(member.search.rows for member in staying)
         if kept == 0:
             self._members, self._fixed, self._state, self._rows = [], {}, {}, 0
+            self.backend.drop_kept()  # the batch's device copies go with it
             return
         # the live rows past the end of the kept batch move into the freed rows before it
         freed = np.sort(np.concatenate([m.rows for m in self._members if m.future.done()]))
@@ -213,7 +219,7 @@ class DecodeLoop(GraphRunner):
             token[member.rows] = member.search.tokens
             t[member.rows] = member.search.t
         outputs = await self._run_batch({**self._fixed, **self._state, "token": token, "t": t}, rows,
-                                        [m.enqueued for m in members if m.search.t == 0])
+                                        [m.enqueued for m in members if m.search.t == 0], keep=frozenset(self._fixed))
         logp = outputs["logp"]
         order: np.ndarray | None = None  # the row each row's next state comes from, when a beam search reordered
         for member in members:

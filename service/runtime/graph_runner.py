@@ -9,8 +9,9 @@ times; subclasses decide what a batch is (:mod:`service.runtime.batcher`: stacke
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -38,12 +39,14 @@ class GraphRunner:
     async def _run_forever(self) -> None:
         raise NotImplementedError
 
-    async def _run_batch(self, inputs: Mapping[str, np.ndarray], rows: int, enqueued: list[float]
-                         ) -> dict[str, np.ndarray]:
-        """One call of the backend on its thread; ``enqueued``: when each caller new to this batch arrived."""
+    async def _run_batch(self, inputs: Mapping[str, np.ndarray], rows: int, enqueued: list[float],
+                         keep: Collection[str] = ()) -> dict[str, np.ndarray]:
+        """One call of the backend on its thread; ``enqueued``: when each caller new to this batch arrived;
+        ``keep``: inputs passed again, unchanged, at the next call (the backend keeps their device copies)."""
         started = time.perf_counter()
+        run = functools.partial(self.backend.run, inputs, keep=keep)
         with metered(self.metrics, self.backend, self.model, rows):
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self.backend.run, inputs)
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, run)
         if self.metrics is not None:
             self.metrics.observe_batch(self.model, self.backend.name, self.graph, rows,
                                        time.perf_counter() - started, [started - at for at in enqueued])
