@@ -47,10 +47,11 @@ the sequence number it read is still current (compare-and-set) and writes
 state, result and chunk together or not at all. Idle sessions expire after
 the TTL; none outlives its maximum lifetime.
 
-An applied piece costs two round trips to Redis: ``BEGIN_SCRIPT`` reads meta and
-state (and the last result, for a retry only) and takes the session's lock
-when the piece is the next one; ``COMMIT_SCRIPT`` writes, releases the lock and returns the new
-meta, pipelined with the live-index touch. A retry costs one.
+An applied piece costs two round trips to Redis: ``BEGIN_SCRIPT`` reads meta
+and state (and the last result, for a retry only) and takes the session's
+lock when the piece is the next one; ``COMMIT_SCRIPT`` writes, releases the
+lock and returns the new meta, pipelined with the live-index touch. A retry
+costs one.
 """
 
 from __future__ import annotations
