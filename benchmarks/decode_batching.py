@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest import bench_inputs as inputs
+from service.runtime.backends import DeviceCopies
 from service.runtime.registry import LoadedModel, load_model
 from service.settings import Settings
 
@@ -35,17 +36,18 @@ from service.settings import Settings
 @dataclass
 class Timed:
     """The decode graph's calls, timed: wrapped around a backend's ``run``. Also counted: the bytes a GPU
-    backend would copy to the device, copying every input at every call (``all_bytes``) and copying a
-    ``keep`` input only when it is a new array (``copied_bytes``, :class:`service.runtime.backends.DeviceCopies`)."""
+    backend would copy to the device, copying every input at every call (``all_bytes``), and keeping the
+    ``keep`` inputs (``unkept_bytes`` of the others plus what :class:`~service.runtime.backends.DeviceCopies`,
+    the backends' own rule, would copy of the kept ones)."""
 
     backend: Any
     seconds: float = 0.0
     calls: int = 0
     rows: int = 0
     all_bytes: int = 0
-    copied_bytes: int = 0
+    unkept_bytes: int = 0
     run: Any = field(init=False)
-    last_kept: dict = field(default_factory=dict)
+    kept: DeviceCopies = field(default_factory=lambda: DeviceCopies(lambda array: None))  # counts, copies nothing
 
     def __post_init__(self) -> None:
         self.run = self.backend.run
@@ -58,14 +60,14 @@ class Timed:
         self.calls += 1
         self.rows += len(feed["token"])
         self.all_bytes += sum(array.nbytes for array in feed.values())
-        for name, array in feed.items():
-            if name not in keep or self.last_kept.get(name) is not array:
-                self.copied_bytes += array.nbytes
-        self.last_kept = {name: feed[name] for name in keep}
+        self.unkept_bytes += sum(array.nbytes for name, array in feed.items() if name not in keep)
+        for name in keep:
+            self.kept.get(name, feed[name], feed[name])
         return outputs
 
     def reset(self) -> None:
-        self.seconds, self.calls, self.rows, self.all_bytes, self.copied_bytes = 0.0, 0, 0, 0, 0
+        self.seconds, self.calls, self.rows, self.all_bytes, self.unkept_bytes = 0.0, 0, 0, 0, 0
+        self.kept.bytes_copied = 0
 
 
 async def read(model: LoadedModel, texts: list[str]) -> list[tuple[dict, list]]:
@@ -123,7 +125,7 @@ async def measure(repositories: dict[str, Path], model_name: str, data: Path, co
                     "mean_batch": timer.rows / max(timer.calls, 1),
                     "graph_ms_per_row": 1000 * timer.seconds / max(timer.rows, 1),
                     "mb_per_step_every_input": timer.all_bytes / 1e6 / max(timer.calls, 1),
-                    "mb_per_step_kept": timer.copied_bytes / 1e6 / max(timer.calls, 1),
+                    "mb_per_step_kept": (timer.unkept_bytes + timer.kept.bytes_copied) / 1e6 / max(timer.calls, 1),
                 })
     for model in models.values():
         for runner in model.batchers.values():

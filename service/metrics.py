@@ -31,6 +31,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from service.runtime.devices import device_index
+
 log = logging.getLogger(__name__)
 
 # from 100 µs: a forecast step or a Redis round trip takes well under a millisecond
@@ -207,7 +209,7 @@ class EnergyMeter:
     def _handle(self, device: str) -> Any:
         """NVML's handle of CUDA device ``cuda:N``, through ``CUDA_VISIBLE_DEVICES`` where it is set
         (indices are NVML's, i.e. PCI bus order: set ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; or GPU UUIDs)."""
-        index = int(device.partition(":")[2] or 0)
+        index = device_index(device)
         visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
         if index < len(visible):
             entry = visible[index]

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from models.serving.onnx_fp16 import to_float16
-from service.runtime.devices import DeviceConfigError, torch_dtype
+from service.runtime.devices import DeviceConfigError, device_index, torch_dtype
 
 BACKENDS = ("onnx", "torchscript", "torch")
 
@@ -85,7 +85,7 @@ def onnx_providers_for(device: str) -> list[Any]:
             f"{device} asked of the onnx backend but onnxruntime has no CUDAExecutionProvider (providers "
             f"{available}): install onnxruntime-gpu (`make ORT=gpu`) or set RTSERVE_DEVICE=cpu"
         )
-    return [("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)}), "CPUExecutionProvider"]
+    return [("CUDAExecutionProvider", {"device_id": device_index(device)}), "CPUExecutionProvider"]
 
 
 def fp16_onnx_model(path: str | Path) -> bytes:
@@ -146,9 +146,8 @@ class OnnxBackend:
         self.session = onnx_session(path, intra_op_threads, device, precision if convert else "fp32", spinning)
         self.providers = list(self.session.get_providers())
         self.io_binding = device != "cpu"
-        device_id = int(device.partition(":")[2] or 0)
-        self.device_copies = DeviceCopies(
-            lambda array: ort_value_on(array, "cuda" if device.startswith("cuda") else "cpu", device_id))
+        device_type = "cuda" if device.startswith("cuda") else "cpu"
+        self.device_copies = DeviceCopies(lambda array: ort_value_on(array, device_type, device_index(device)))
         # the exporter drops inputs a graph never reads (e.g. the RAF state of a full-attention
         # SRformer): feed only what the session takes
         taken = {node.name for node in self.session.get_inputs()}

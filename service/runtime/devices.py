@@ -36,6 +36,11 @@ def check_device(value: str) -> str:
     return text
 
 
+def device_index(device: str) -> int:
+    """N of ``"cuda:N"``; 0 for ``"cuda"`` (and for ``"cpu"``, where it is not used)."""
+    return int(device.partition(":")[2] or 0)
+
+
 def check_precision(value: str) -> str:
     text = value.strip().lower()
     if text not in PRECISIONS:
@@ -93,7 +98,7 @@ def resolve_device(requested: str, backend: str = "onnx", model: str = "the mode
     count, why = cuda_device_count(backend)
     if requested == "auto":
         return "cuda:0" if count > 0 else "cpu"
-    index = int(requested.partition(":")[2] or 0)
+    index = device_index(requested)
     if index >= count:
         seen = why or f"only {count} CUDA device(s) are visible"
         raise DeviceConfigError(
