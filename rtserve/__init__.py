@@ -1,3 +1,5 @@
 """rtserve: a model server for recurrent transformers."""
 
-__version__ = "0.1.0"
+from importlib.metadata import version
+
+__version__ = version("rtserve")  # pyproject.toml's, as installed

@@ -1,7 +1,7 @@
 """The ``rtserve`` command: serve, train, eval, export, bench, and the client verbs classify, summarize,
 forecast, session (calls to a running service through :mod:`rtserve.client`).
 
-Training and evaluation live with each family's recipe in ``models/``; this
+Training and evaluation live with each family's recipe (its record in :mod:`rtserve.families`); this
 module only dispatches, importing the heavy modules when they are asked for.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import json
 import os
 import sys
@@ -17,21 +16,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# family -> module with train_main(argv) -> int and eval_main(argv) -> int
-RECIPES = {
-    "rsa": "models.training.forecasters",
-    "rtransformer": "models.training.forecasters",
-    "vanilla": "models.training.forecasters",
-    "linear": "models.training.forecasters",
-    "rmt": "models.training.rmt",
-    "srformer": "models.training.srformer",
-}
+
+def _trainable() -> list[str]:
+    from rtserve.families import families
+
+    return [record.name for record in families() if record.recipe is not None]
 
 
-def _recipe(family: str) -> object:
-    if family not in RECIPES:
-        raise SystemExit(f"rtserve: unknown model family {family!r}; choose one of {sorted(RECIPES)}")
-    return importlib.import_module(RECIPES[family])
+def _recipe(name: str) -> Any:
+    """The family's recipe module: ``train_main(argv)`` and ``eval_main(argv)``."""
+    from rtserve.families import UnknownFamily, family
+
+    try:
+        record = family(name)
+    except UnknownFamily as error:
+        raise SystemExit(f"rtserve: {error}") from None
+    if record.recipe is None:
+        raise SystemExit(f"rtserve: family {name!r} has no training recipe; the families with one are {_trainable()}")
+    return record.part("recipe")
 
 
 def _serve(argv: Sequence[str]) -> int:
@@ -49,10 +51,10 @@ def _serve(argv: Sequence[str]) -> int:
 
 def _train(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: rtserve train {{{','.join(RECIPES)}}} [options]  (rtserve train <family> --help)")
+        print(f"usage: rtserve train {{{','.join(_trainable())}}} [options]  (rtserve train <family> --help)")
         return 0 if argv else 2
     family, rest = argv[0], list(argv[1:])
-    return int(_recipe(family).train_main([family, *rest]))  # type: ignore[attr-defined]
+    return int(_recipe(family).train_main([family, *rest]))
 
 
 def _eval(argv: Sequence[str]) -> int:
@@ -68,7 +70,7 @@ def _eval(argv: Sequence[str]) -> int:
     from models.checkpoint import read_family
 
     family = read_family(argv[0])
-    return int(_recipe(family).eval_main(list(argv)))  # type: ignore[attr-defined]
+    return int(_recipe(family).eval_main(list(argv)))
 
 
 def _export(argv: Sequence[str]) -> int:

@@ -3,6 +3,7 @@
 Each example goes through the same pipeline, batcher and backend the service
 uses (``run_whole``), many at a time so the batcher stacks them; the metrics
 are the training recipes' own, so the figures sit beside the checkpoint's.
+The scorer is the ``evaluate`` part of the entry's family (:mod:`rtserve.families`).
 Prints one JSON object.
 """
 
@@ -43,7 +44,7 @@ async def _answer(model: LoadedModel, piece: Any) -> dict[str, Any]:
     return (await run_whole(model.pipeline, piece))[1].result
 
 
-async def _forecast(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+async def score_forecaster(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     from models.data.ett import Scaler, load_split
 
     settings = model.manifest["settings"]
@@ -61,7 +62,7 @@ async def _forecast(model: LoadedModel, args: argparse.Namespace) -> dict[str, A
     return {"windows": len(x), "mse": float((error**2).mean()), "mae": float(np.abs(error).mean())}
 
 
-async def _classify(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+async def score_classifier(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     from models.data.hyperpartisan import load_split, metrics
 
     articles = load_split(args.data, args.split)[: args.limit or None]
@@ -76,7 +77,7 @@ async def _classify(model: LoadedModel, args: argparse.Namespace) -> dict[str, A
     }
 
 
-async def _summarize(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+async def score_summarizer(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     from models.data.summarization import corpus_of, rouge_scores
 
     pairs = corpus_of(args.data).load_split(args.data, args.split, args.limit or None)
@@ -93,9 +94,6 @@ async def _summarize(model: LoadedModel, args: argparse.Namespace) -> dict[str, 
     }
 
 
-TASKS = {"forecast": _forecast, "classify": _classify, "summarize": _summarize}
-
-
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rtserve eval", description="Score an exported model-repository entry.")
     parser.add_argument("entry", help="model-repository entry folder (holds manifest.json)")
@@ -108,7 +106,7 @@ def main(argv: Sequence[str]) -> int:
     manifest = json.loads((entry / "manifest.json").read_text())
     model = load_model(entry, args.backend, Settings(max_batch_size=CONCURRENCY, max_queue_delay_ms=2))
     started = time.perf_counter()
-    scores = asyncio.run(TASKS[manifest["task"]](model, args))
+    scores = asyncio.run(model.family.part("evaluate")(model, args))
     print(json.dumps({
         "entry": str(entry), "family": manifest["family"], "backend": args.backend,
         "providers": model.providers, "data": args.data, "split": args.split, **scores,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import version
 from typing import Any
 
 from fastapi import FastAPI
@@ -19,7 +20,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.openapi.utils import get_openapi
 
-import rtserve
 from service.embedded_redis import EmbeddedRedis
 from service.errors import install_error_handlers
 from service.metrics import ServiceMetrics
@@ -83,7 +83,7 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
     settings = settings or Settings()
     metrics = metrics or ServiceMetrics()
     app = FastAPI(
-        title="rtserve", version=rtserve.__version__, description=DESCRIPTION, lifespan=_lifespan,
+        title="rtserve", version=version("rtserve"), description=DESCRIPTION, lifespan=_lifespan,
         docs_url=None, redoc_url=None, openapi_url=None,  # served by routers/docs.py, with local assets
     )
     app.state.settings = settings
@@ -125,17 +125,40 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         components.pop("HTTPValidationError", None)
         components.pop("ValidationError", None)
     settings: Settings = app.state.settings
-    for name in ("ClassifyRequest", "SummarizeRequest", "TextPiece"):
-        components[name]["properties"]["text"]["maxLength"] = settings.max_text_chars
     registry: ModelRegistry | None = getattr(app.state, "registry", None)
-    widths = sorted({len(m.manifest["settings"]["variables"]) for m in (registry.models if registry else {}).values()
-                     if m.task == "forecast"})
-    for name in ("ForecastRequest", "RowsPiece"):
-        rows = components[name]["properties"]["rows"]
-        rows["maxItems"] = settings.max_rows
-        if widths:  # what this deployment's forecasters read: a row of another width is refused (422)
-            rows["items"] |= {"minItems": widths[0], "maxItems": widths[-1]}
-            rows["description"] += f" Forecasters loaded here read {' or '.join(map(str, widths))} values per row."
+    widths = sorted({m.pipeline.row_width for m in (registry.models if registry else {}).values()
+                     if m.pipeline.row_width is not None})
+    for name in sorted(_request_bodies(schema["paths"])):  # the limits of what a request sends, as settings say
+        properties = components[name].get("properties", {})
+        if "text" in properties:
+            properties["text"]["maxLength"] = settings.max_text_chars
+        if "rows" in properties:
+            rows = properties["rows"]
+            rows["maxItems"] = settings.max_rows
+            if widths:  # what this deployment's models read: a row of another width is refused (422)
+                rows["items"] |= {"minItems": widths[0], "maxItems": widths[-1]}
+                rows["description"] += f" Models loaded here read {' or '.join(map(str, widths))} values per row."
     if registry is not None and registry.loaded_count() == registry.expected_count():
         app.openapi_schema = schema  # complete: kept (before the models are loaded, built again next time)
     return schema
+
+
+def _request_bodies(paths: dict[str, Any]) -> set[str]:
+    """The component schemas that request bodies name (``$ref``), also through ``anyOf``."""
+    names: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+                names.add(ref.rsplit("/", 1)[1])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for path in paths.values():
+        for operation in path.values():
+            walk(operation.get("requestBody"))
+    return names

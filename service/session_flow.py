@@ -40,6 +40,7 @@ class Applied:
 
 @dataclass
 class Finishing:
+    model: LoadedModel
     meta: SessionMeta  # after finishing (for a stream: once its tokens are all out)
     finished: Finished
     replayed: bool = False  # the session was already finished: its stored result
@@ -138,14 +139,14 @@ class SessionFlow:
         """The final result. On a finished session: the stored one again (``replayed``). With ``stream`` the
         tokens are in ``finished.tokens`` and ``meta`` is the one after finishing once they are all out."""
         meta, state, last_result, chunks = await self.sessions.snapshot(session_id, owner, with_chunks=True)
-        if meta.status == "finished":
-            return Finishing(meta, Finished(last_result or {}), replayed=True)
         model = self.model_of(meta)
+        if meta.status == "finished":
+            return Finishing(model, meta, Finished(last_result or {}), replayed=True)
         finished = await model.pipeline.finish(state, chunks, last_result, stream=stream, options=options)
         self.metrics.segments.labels(model=model.ref).inc(finished.segments)
         if finished.tokens is None:
-            return Finishing(await self._store_final(meta, finished.result), finished)
-        finishing = Finishing(meta, finished)
+            return Finishing(model, await self._store_final(meta, finished.result), finished)
+        finishing = Finishing(model, meta, finished)
         finished.tokens = self._store_after_stream(finishing, finished.tokens)
         return finishing
 

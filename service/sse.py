@@ -52,10 +52,13 @@ def sse_content(done_schema: str) -> dict[str, Any]:
 
 
 class GenerationMeter:
-    """Time to first token and tokens generated, for one summary (streamed or not)."""
+    """Time to first token and tokens generated, for one summary (streamed or not); ``counted`` is the answer's
+    field that counts the generated tokens."""
 
-    def __init__(self, metrics: ServiceMetrics, model: str, stream: bool, started: float | None = None) -> None:
+    def __init__(self, metrics: ServiceMetrics, model: str, stream: bool, started: float | None = None,
+                 counted: str = "summary_tokens") -> None:
         self.metrics, self.model, self.stream = metrics, model, "true" if stream else "false"
+        self.counted = counted
         self.started = time.perf_counter() if started is None else started
         self.first_seen = False
 
@@ -81,7 +84,7 @@ async def summary_events(
         yield {"event": "token", "data": json.dumps({"text": token})}
     answer = await done()
     if meter is not None:
-        meter.done(int(getattr(answer, "summary_tokens", 0)))
+        meter.done(int(getattr(answer, meter.counted, 0)))
     yield {"event": "done", "data": answer.model_dump_json()}
 
 

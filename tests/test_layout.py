@@ -1,10 +1,11 @@
-"""The import arrows of the source tree point one way (issue #13): each folder has one job.
+"""The import arrows of the source tree point one way: each folder has one job.
 
     service/        -> models (families' streams, serving adapters, searches), never models.training
     export/         -> models; never service/
     models/serving  -> models families; never models.training or service
     models (families, streams, searches) -> never models.training, models.serving, service, export
     models/data     -> no model family, recipe or service
+    rtserve/families -> nothing of models, service or export: a record names its parts by import path
 
 Read from the source (every import statement, including those inside functions), not from what
 happens to be imported at run time.
@@ -44,6 +45,7 @@ RULES = [
     ("models/data", modules_under("models/data"), ("models.training", "models.serving", "service", "export",
                                                    "models.rmt", "models.srformer", "models.rsa", "torch")),
     ("models/training", modules_under("models/training"), ("service", "export")),
+    ("family records", modules_under("rtserve/families"), ("torch", "numpy", "models", "service", "export")),
     # what the service runs on the ONNX path: numpy only, so serving needs no PyTorch install
     ("torch-free streams", [ROOT / "models" / f"{name}.py" for name in
                             ("tensor_spec", "text_stream", "summary_stream", "classifier_stream", "decoding")],

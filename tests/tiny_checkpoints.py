@@ -17,16 +17,17 @@ VARIABLES = ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
 
 
 def tiny_forecaster(folder: Path, family: str = "rsa", lookback: int = 32, horizon: int = 8, seed: int = 0) -> Path:
-    from models.training.forecasters import FAMILIES
+    from rtserve.families import family as family_record
 
     torch.manual_seed(seed)
-    config_class, model_class = FAMILIES[family]
+    record = family_record(family)
+    config_class = record.part("config")
     sizes = {"lookback": lookback, "horizon": horizon}
     if family != "linear":
         sizes.update(patch_len=8, stride=8, d_model=16, n_layers=1, n_heads=4, d_ff=32)
     names = {f for f in config_class.__dataclass_fields__}
     config = config_class(**{k: v for k, v in sizes.items() if k in names})
-    model = model_class(config)
+    model = record.build_model(config)
     generator = torch.Generator().manual_seed(seed)
     mean = (torch.randn(len(VARIABLES), generator=generator) * 5).tolist()
     std = (torch.rand(len(VARIABLES), generator=generator) * 3 + 0.5).tolist()

@@ -10,9 +10,19 @@ import torch
 import torch.nn as nn
 
 from models.checkpoint import Checkpoint
-from models.forecasters import load_stream
+from models.forecast_stream import ForecastStream
 from models.serving.servable import Graph, Servable
 from models.tensor_spec import TensorSpec
+from rtserve.families import family
+
+
+def load_stream(checkpoint: Checkpoint) -> ForecastStream:
+    """The streaming segment model of a forecaster checkpoint: the family's model + the checkpoint's scaler."""
+    model = family(checkpoint.family).build_model(checkpoint.config)
+    model.load_state_dict(checkpoint.state_dict)
+    scaler = checkpoint.extras["scaler"]
+    stream = ForecastStream(model, len(scaler["mean"]), torch.tensor(scaler["mean"]), torch.tensor(scaler["std"]))
+    return stream.eval()
 
 
 class ForecastStep(nn.Module):
@@ -30,8 +40,7 @@ class ForecastStep(nn.Module):
 
 
 def forecast_servable(checkpoint: Checkpoint) -> Servable:
-    assert checkpoint.folder is not None
-    stream = load_stream(checkpoint.folder)
+    stream = load_stream(checkpoint)
     lookback, horizon, n_vars = stream.lookback, stream.horizon, stream.n_vars
     scaler = checkpoint.extras["scaler"]
 

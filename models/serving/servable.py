@@ -7,12 +7,11 @@ tensors are plain inputs and outputs, so sessions can be stacked into one
 batch and stored between steps. Graph inputs named in ``state_outputs`` are
 state: the step returns their next value under the mapped output name.
 
-``build_servable(folder)`` dispatches on the checkpoint's family.
+``build_servable(folder)`` calls the adapter of the checkpoint's family (its record in :mod:`rtserve.families`).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,16 +22,7 @@ import torch.nn as nn
 
 from models.checkpoint import load_checkpoint
 from models.segment import TensorSpec
-
-# family -> "module:function" that turns a Checkpoint into a Servable
-ADAPTERS: dict[str, str] = {
-    "rsa": "models.serving.forecasters:forecast_servable",
-    "rtransformer": "models.serving.forecasters:forecast_servable",
-    "vanilla": "models.serving.forecasters:forecast_servable",
-    "linear": "models.serving.forecasters:forecast_servable",
-    "rmt": "models.serving.rmt:rmt_servable",
-    "srformer": "models.serving.srformer:srformer_servable",
-}
+from rtserve.families import family
 
 
 @dataclass
@@ -88,11 +78,7 @@ class Servable:
 def build_servable(folder: str | Path, name: str | None = None) -> Servable:
     """The servable of a checkpoint folder, its modules in eval mode."""
     checkpoint = load_checkpoint(folder)
-    if checkpoint.family not in ADAPTERS:
-        raise ValueError(f"no serving adapter for family {checkpoint.family!r}; known: {sorted(ADAPTERS)}")
-    module_name, function_name = ADAPTERS[checkpoint.family].split(":")
-    adapter = getattr(importlib.import_module(module_name), function_name)
-    servable: Servable = adapter(checkpoint)
+    servable: Servable = family(checkpoint.family).part("adapter")(checkpoint)
     servable.name = name or checkpoint.extras.get("name") or Path(folder).resolve().name
     for graph in servable.graphs:
         graph.module.eval()

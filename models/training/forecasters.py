@@ -26,11 +26,12 @@ from tqdm import tqdm
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.ett import Scaler, load_split
 from models.forecast_stream import LinearConfig, LinearForecaster
-from models.forecasters import FAMILIES, build_forecaster, load_stream
 from models.rsa import RSAConfig
 from models.rtransformer import RTransformerConfig
+from models.serving.forecasters import load_stream
 from models.training.common import hardware, seed_everything
 from models.vanilla import VanillaConfig
+from rtserve.families import families, family
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ETT-small" / "ETTh1.csv"
 
@@ -66,7 +67,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog=prog,
         description="Train a forecaster on ETTh1 (Informer protocol).")
-    parser.add_argument("family", choices=sorted(FAMILIES))
+    parser.add_argument("family", choices=sorted(f.name for f in families() if f.recipe == __name__))
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV (date column, then variables)")
     parser.add_argument("--horizon", type=int, default=24, help="H, rows to forecast")
     parser.add_argument("--lookback", type=int, default=96, help="L, rows of history")
@@ -144,7 +145,7 @@ def train_main(argv: Sequence[str]) -> int:
         recipe["alpha"] = best[1]
     else:
         config = _config(args)
-        model = build_forecaster(args.family, config)
+        model = family(args.family).build_model(config)
         if args.init_linear == "ridge":
             weight, bias = ridge_fit(x_train, y_train, 1.0)
             model.linear.weight.data = torch.tensor(weight, dtype=torch.float32)
@@ -250,7 +251,7 @@ def eval_main(argv: Sequence[str]) -> int:
     if not (folder / "config.json").exists():
         raise SystemExit(f"rtserve eval: {folder} has no config.json; pass the checkpoint folder it was exported from")
     checkpoint = load_checkpoint(folder)
-    model = build_forecaster(checkpoint.family, checkpoint.config)
+    model = family(checkpoint.family).build_model(checkpoint.config)
     model.load_state_dict(checkpoint.state_dict)
     lookback, horizon = int(checkpoint.extras["lookback"]), int(checkpoint.extras["horizon"])
     scaler = Scaler.from_dict(checkpoint.extras["scaler"])
@@ -286,7 +287,7 @@ def plot_main(argv: Sequence[str]) -> int:
     parser.add_argument("--forecasts", type=int, default=14, help="consecutive forecasts to draw")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(list(argv))
-    streams = [(Path(folder).name, load_stream(folder)) for folder in args.checkpoints]
+    streams = [(Path(folder).name, load_stream(load_checkpoint(folder))) for folder in args.checkpoints]
     lookback, horizon = streams[0][1].lookback, streams[0][1].horizon
     checkpoint = load_checkpoint(args.checkpoints[0])
     names = checkpoint.extras["variables"]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Request, Response
+from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
 from service.auth import OwnerDep, QuotaDep
@@ -13,16 +14,13 @@ from service.dependencies import FlowDep, MetricsDep, RegistryDep, SettingsDep
 from service.errors import BODY, check_rows, check_text, responses
 from service.runtime.pipeline import InputError
 from service.schemas import (
-    ClassifyFinish,
     FinishRequest,
     FinishResponse,
-    ForecastFinish,
     RowsPiece,
     SegmentRequest,
     SegmentResponse,
     SessionCreate,
     SessionInfo,
-    SummarizeFinish,
 )
 from service.session_flow import Finishing
 from service.sessions import SessionMeta
@@ -32,7 +30,6 @@ router = APIRouter(prefix="/sessions", tags=["sessions"])
 
 SessionId = Annotated[str, Path(description="The `id` that `POST /sessions` answered.",
                                 examples=["0nJx3kq7VdW2c9aYbR5mTfLs8HhPzE1u"])]
-FINISH_TYPES = {"classify": ClassifyFinish, "summarize": SummarizeFinish, "forecast": ForecastFinish}
 
 
 def info(meta: SessionMeta) -> SessionInfo:
@@ -43,9 +40,10 @@ def info(meta: SessionMeta) -> SessionInfo:
     )
 
 
-def final_answer(meta: SessionMeta, result: dict[str, Any]) -> ClassifyFinish | SummarizeFinish | ForecastFinish:
-    """The one-shot answer of the session's task, plus the session."""
-    return FINISH_TYPES[meta.task](model=meta.model, session=info(meta), **result)
+def final_answer(finishing: Finishing) -> BaseModel:
+    """The one-shot answer of the session's task (the ``finish`` part of its family), plus the session."""
+    answer = finishing.model.family.part("finish")
+    return answer(model=finishing.meta.model, session=info(finishing.meta), **finishing.finished.result)
 
 
 @router.post(
@@ -119,21 +117,24 @@ async def add_segment(
 async def finish_session(
     session_id: SessionId, request: Request, flow: FlowDep, metrics: MetricsDep, owner: OwnerDep,
     body: FinishRequest | None = None,
-) -> ClassifyFinish | SummarizeFinish | ForecastFinish | EventSourceResponse:
+) -> BaseModel | EventSourceResponse:
     started = time.perf_counter()
     stream = wants_event_stream(request, body.stream if body else False)
     options = {"max_length": body.max_length, "beam_size": body.beam_size} if body else {}
     finishing: Finishing = await flow.finish(session_id, owner, stream=stream, options=options)
-    meta, finished = finishing.meta, finishing.finished
-    request.state.model = meta.model
-    if meta.task == "summarize" and stream:
-        meter = None if finishing.replayed else GenerationMeter(metrics, meta.model, True, started)
+    finished, pipeline = finishing.finished, finishing.model.pipeline
+    request.state.model = finishing.meta.model
+    generated = pipeline.generated_text  # None: the task answers whole, with or without `stream`
+    meter = None
+    if generated is not None and not finishing.replayed:
+        assert pipeline.generated_tokens is not None, "a pipeline that generates text counts its tokens"
+        meter = GenerationMeter(metrics, finishing.meta.model, stream, started, pipeline.generated_tokens)
+    if generated is not None and stream:
+        async def done() -> BaseModel:
+            return final_answer(finishing)
 
-        async def done() -> SummarizeFinish:
-            return final_answer(finishing.meta, finished.result)  # type: ignore[return-value]
-
-        tokens = finished.tokens if finished.tokens is not None else replay_tokens(finished.result.get("summary", ""))
+        tokens = finished.tokens if finished.tokens is not None else replay_tokens(finished.result.get(generated, ""))
         return EventSourceResponse(summary_events(tokens, done, meter))
-    if meta.task == "summarize" and not finishing.replayed:
-        GenerationMeter(metrics, meta.model, False, started).done(int(finished.result.get("summary_tokens", 0)))
-    return final_answer(meta, finished.result)
+    if meter is not None:
+        meter.done(int(finished.result.get(meter.counted, 0)))
+    return final_answer(finishing)

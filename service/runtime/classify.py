@@ -24,6 +24,8 @@ from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, 
 class ClassifyPipeline:
     task = "classify"
     input_kind = "text"
+    row_width = None
+    generated_text = generated_tokens = None
 
     def __init__(self, manifest: Mapping[str, Any], entry: Path, graphs: Mapping[str, DynamicBatcher],
                  over_limit: str = "truncate") -> None:
@@ -37,6 +39,10 @@ class ClassifyPipeline:
         )
         self.stream = ClassifierStream(cutter, self.labels)
         self.initial_state = load_initial_state(entry)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.stream.limit
 
     def new_state(self) -> Arrays:
         return dict(self.initial_state)

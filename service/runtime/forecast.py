@@ -19,6 +19,8 @@ from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, loa
 class ForecastPipeline:
     task = "forecast"
     input_kind = "rows"
+    max_tokens = None
+    generated_text = generated_tokens = None
 
     def __init__(self, manifest: Mapping[str, Any], entry: Path, graphs: Mapping[str, DynamicBatcher]) -> None:
         self.manifest = manifest
@@ -27,6 +29,10 @@ class ForecastPipeline:
         settings = manifest["settings"]
         self.lookback, self.horizon = int(settings["lookback"]), int(settings["horizon"])
         self.variables = list(settings["variables"])
+
+    @property
+    def row_width(self) -> int:
+        return len(self.variables)
 
     def new_state(self) -> Arrays:
         return dict(self.initial_state)

@@ -43,8 +43,17 @@ class Finished:
 
 
 class Pipeline(Protocol):
+    """What the service sees of a family's pipeline (the ``pipeline`` part of its record); the routes, the
+    session flow and the registry read these and nothing else, so that they hold no per-task branch."""
+
     task: str
-    input_kind: str  # "text" | "rows"
+    input_kind: str  # "text" | "rows": the piece a request or a session sends
+    max_tokens: int | None  # most tokens of a document the model reads (text); None where it reads any length
+    row_width: int | None  # values per row (rows); None for text
+    # the result field holding text generated at finish (summaries), which `stream` sends as it is generated;
+    # None: the answer comes whole
+    generated_text: str | None
+    generated_tokens: str | None  # the result field counting the tokens generated (metered)
 
     def new_state(self) -> Arrays: ...
 

@@ -4,7 +4,8 @@
 model gets a backend per graph (ONNX Runtime, TorchScript or eager PyTorch,
 on a device and in a precision, each per model from the settings), a
 continuous batcher per graph (a decode loop for autoregressive decode graphs;
-its largest batch per model and device), and the pipeline of its task. A
+its largest batch per model and device), and the pipeline its family names
+(:mod:`rtserve.families`). A
 device or precision the host or backend cannot give fails startup
 (:class:`DeviceConfigError`); any other broken entry is only reported.
 """
@@ -12,7 +13,6 @@ device or precision the host or backend cannot give fails startup
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 from collections.abc import Mapping
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rtserve.families import Family, family
 from service.metrics import ServiceMetrics
 from service.runtime.backends import load_backends
 from service.runtime.batcher import DynamicBatcher
@@ -29,13 +30,6 @@ from service.runtime.pipeline import Pipeline
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
-
-PIPELINES = {
-    "forecast": "service.runtime.forecast:ForecastPipeline",
-    "classify": "service.runtime.classify:ClassifyPipeline",
-    "summarize": "service.runtime.summarize:SummarizePipeline",
-}
-TASKS = tuple(PIPELINES)
 
 
 class UnknownModel(LookupError):
@@ -52,6 +46,7 @@ class LoadedModel:
     providers: list[str]
     batchers: dict[str, DynamicBatcher | DecodeLoop]  # per graph
     pipeline: Pipeline
+    family: Family
     device: str = "cpu"  # "cpu" or "cuda:N", resolved
     precision: str = "fp32"
     max_batch_size: int = 32
@@ -95,9 +90,13 @@ def load_model(
     name: str | None = None,
     version: str | None = None,
 ) -> LoadedModel:
-    """One repository entry, ready to serve: backends, a batcher per graph, the task's pipeline."""
+    """One repository entry, ready to serve: backends, a batcher per graph, its family's pipeline."""
     manifest = json.loads((entry / "manifest.json").read_text())
     name, version = name or manifest["name"], version or manifest["version"]
+    record = family(manifest["family"])
+    if record.task != manifest["task"]:
+        raise ValueError(f"{entry}: the manifest's task {manifest['task']!r} is not family "
+                         f"{record.name!r}'s task {record.task!r}")
     device, precision = placement(name, backend, settings)
     backends = load_backends(entry, manifest, backend, settings.intra_op_threads, device, precision,
                              spinning=settings.intra_op_spinning)
@@ -112,13 +111,13 @@ def load_model(
             runners[graph["name"]] = DynamicBatcher(
                 runner, ref, graph["name"], max_batch_size, settings.max_queue_delay_ms / 1000, metrics
             )
-    module_name, class_name = PIPELINES[manifest["task"]].split(":")
-    pipeline_class = getattr(importlib.import_module(module_name), class_name)
+    pipeline_class = record.part("pipeline")
     text_options = {"over_limit": settings.over_limit} if pipeline_class.input_kind == "text" else {}
     pipeline = pipeline_class(manifest, entry, runners, **text_options)
     providers = list(dict.fromkeys(p for runner in backends.values() for p in runner.providers))  # in order
     return LoadedModel(
-        name, version, entry, manifest, backend, providers, runners, pipeline, device, precision, max_batch_size
+        name, version, entry, manifest, backend, providers, runners, pipeline, record, device, precision,
+        max_batch_size,
     )
 
 
@@ -217,7 +216,7 @@ class ModelRegistry:
                 "precision": m.precision,
                 "providers": m.providers,
                 "max_batch_size": m.max_batch_size,
-                "max_tokens": m.pipeline.stream.limit if m.pipeline.input_kind == "text" else None,  # type: ignore[attr-defined]
+                "max_tokens": m.pipeline.max_tokens,
                 "manifest": m.manifest,
             }
             for m in sorted(self.models.values(), key=lambda m: m.ref)

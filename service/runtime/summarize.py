@@ -27,6 +27,8 @@ from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, 
 class SummarizePipeline:
     task = "summarize"
     input_kind = "text"
+    row_width = None
+    generated_text, generated_tokens = "summary", "summary_tokens"
 
     def __init__(self, manifest: Mapping[str, Any], entry: Path,
                  graphs: Mapping[str, DynamicBatcher | DecodeLoop], over_limit: str = "truncate") -> None:
@@ -40,6 +42,10 @@ class SummarizePipeline:
         self.detokenizer = Detokenizer(self.tokenizer)
         self.stream = SummaryStream(s, self.tokenizer)
         self.initial_state = load_initial_state(entry)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.stream.limit
 
     def new_state(self) -> Arrays:
         return dict(self.initial_state)

@@ -1,0 +1,139 @@
+"""One record per model family, and the one registry that holds them.
+
+A family is everything rtserve knows about one kind of model: the task it serves, how a checkpoint is
+trained and scored (its recipe), how export cuts a checkpoint into step graphs (its adapter), how the
+service runs those graphs (its pipeline), what a finished session answers, and how an exported entry is
+scored. The command, export and the service all look here, as LitServe's server looks at one ``LitAPI``.
+
+The parts are named by import path (``"package.module:attribute"``) and imported on first use, so reading
+the registry imports nothing heavy: the service on the ONNX path imports a pipeline and never torch,
+export imports an adapter and never a training recipe (tests/test_layout.py keeps these arrows).
+
+The built-in families are in :mod:`rtserve.families.builtin`. A family written outside the repository
+joins through the ``rtserve.families`` entry-point group of its own package; the entry point's name is
+the family's name::
+
+    [project.entry-points."rtserve.families"]
+    gru-classifier = "rtserve_gru_classifier.family:FAMILY"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import logging
+import re
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "rtserve.families"
+TASKS = ("classify", "summarize", "forecast")  # the HTTP API's tasks: /classify, /summarize, /forecast
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
+_PATH = re.compile(r"[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?")
+
+
+class UnknownFamily(LookupError):
+    """No family of that name is built in or installed."""
+
+
+def load_part(path: str) -> Any:
+    """The object an import path names: ``"package.module:attribute"``, or a whole module (``"package.module"``)."""
+    module_name, _, attribute = path.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attribute) if attribute else module
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family. Every part but ``name`` and ``task`` is an import path, imported when first used."""
+
+    name: str  # as checkpoints and manifests name it: "rmt"
+    task: str  # one of TASKS: the routes and answers it serves
+    adapter: str  # "module:function": Checkpoint -> Servable, the step graphs export writes (torch)
+    pipeline: str  # "module:Class": the service's runner of the exported graphs (numpy, never torch)
+    finish: str  # "module:Class": the pydantic answer of POST /sessions/{id}/finish
+    recipe: str | None = None  # "module" with train_main(argv) and eval_main(argv) -> exit status
+    evaluate: str | None = None  # "module:function": async (LoadedModel, args) -> scores of an exported entry
+    config: str | None = None  # "module:Class": the model's config dataclass (with ``model``: build_model)
+    model: str | None = None  # "module:Class": the nn.Module built from that config
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"family name {self.name!r}: use lower-case letters, digits, '-', '_' and '.'")
+        if self.task not in TASKS:
+            raise ValueError(f"family {self.name!r}: task {self.task!r} is not one of {TASKS}")
+        for part in dataclasses.fields(self)[2:]:
+            path = getattr(self, part.name)
+            if path is not None and not _PATH.fullmatch(path):
+                raise ValueError(f"family {self.name!r}: {part.name} {path!r} is not an import path "
+                                 "('package.module:attribute')")
+
+    def part(self, name: str) -> Any:
+        """The named part (``"adapter"``, ``"pipeline"`` ...), imported; a clear error where the family has none."""
+        path = getattr(self, name)
+        if path is None:
+            raise LookupError(f"family {self.name!r} has no {name}")
+        return load_part(path)
+
+    def build_model(self, config: Any) -> Any:
+        """The family's model from its config dataclass, or that dataclass as a dict (unknown keys ignored)."""
+        config_class, model_class = self.part("config"), self.part("model")
+        if not dataclasses.is_dataclass(config):
+            names = {field.name for field in dataclasses.fields(config_class)}
+            config = config_class(**{key: value for key, value in config.items() if key in names})
+        return model_class(config)
+
+
+@functools.cache
+def _registry() -> tuple[dict[str, Family], dict[str, str]]:
+    """``({name: record}, {name: why it could not be loaded})``: the built-in records, then the installed ones."""
+    from rtserve.families.builtin import BUILT_IN
+
+    records = {record.name: record for record in BUILT_IN}
+    broken: dict[str, str] = {}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        where = f"entry point {point.name} = {point.value} ({ENTRY_POINT_GROUP})"
+        if point.name in records:
+            broken[point.name] = f"{where}: a family {point.name!r} is already registered"
+            continue
+        try:
+            record = point.load()
+        except Exception as error:  # one broken package must not hide the other families
+            broken[point.name] = f"{where} cannot be loaded: {type(error).__name__}: {error}"
+            continue
+        if not isinstance(record, Family):
+            broken[point.name] = f"{where} is a {type(record).__name__}, not an rtserve.families.Family"
+        elif record.name != point.name:
+            broken[point.name] = f"{where} names family {record.name!r}: name the entry point after its family"
+        else:
+            records[record.name] = record
+    for why in broken.values():
+        log.warning("family not registered: %s", why)
+    return records, broken
+
+
+def family(name: str) -> Family:
+    """The record of family ``name``; :class:`UnknownFamily` says what is installed when there is none."""
+    records, broken = _registry()
+    if name in records:
+        return records[name]
+    if name in broken:
+        raise UnknownFamily(broken[name])
+    raise UnknownFamily(
+        f"no model family {name!r}: the families are {sorted(records)}. A family from another package joins "
+        f"when that package is installed (entry-point group {ENTRY_POINT_GROUP!r})"
+    )
+
+
+def families(task: str | None = None) -> list[Family]:
+    """Every registered family (of ``task``), built-in first."""
+    return [record for record in _registry()[0].values() if task is None or record.task == task]
+
+
+def refresh() -> None:
+    """Read the installed entry points again (after a package was installed into the running interpreter)."""
+    _registry.cache_clear()
