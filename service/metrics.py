@@ -268,8 +268,8 @@ class ServiceMetrics:
         )
         self.segments = Counter(
             "rtserve_segments_processed",
-            "Segments (model steps over the input) applied, by model: one-shot requests, session pieces and the "
-            "tail a finish reads.", ["model"], registry=r,
+            "Segments (model steps over the input) read, by model: one-shot requests, session pieces and the "
+            "tail a finish reads, counted as they are computed.", ["model"], registry=r,
         )
         self.time_to_first_token = Histogram(
             "rtserve_time_to_first_token_seconds",

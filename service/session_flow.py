@@ -53,7 +53,7 @@ class SessionFlow:
         self.metrics = metrics
 
     async def create(self, model: LoadedModel, owner: str, quota: str | None = None) -> SessionMeta:
-        return await self.sessions.create(model.ref, model.task, owner, model.pipeline.new_state(), quota)
+        return await self.sessions.create(model.ref, model.task, owner, model.new_state(), quota)
 
     def model_of(self, meta: SessionMeta) -> LoadedModel:
         return self.registry.resolve(meta.model, meta.task)
@@ -78,7 +78,7 @@ class SessionFlow:
                     await self.sessions.wait_for(session_id, seq)
                     continue
                 async with self.sessions.holding(session_id, token):
-                    consumed = await model.pipeline.consume(state, piece)
+                    consumed = await model.consume(state, piece)
             except BaseException:
                 if token is not None:
                     await self.sessions.release(session_id, token)
@@ -86,7 +86,6 @@ class SessionFlow:
             outcome, fresh = await self.sessions.commit(meta, seq, digest, consumed, token)
             if outcome == 1:
                 assert fresh is not None
-                self.metrics.segments.labels(model=model.ref).inc(consumed.segments)
                 self.metrics.session_state_bytes.labels(model=model.ref).observe(fresh.state_bytes)
                 return Applied(fresh, consumed.result, replayed=False)
             if outcome == -1:
@@ -142,8 +141,7 @@ class SessionFlow:
         model = self.model_of(meta)
         if meta.status == "finished":
             return Finishing(model, meta, Finished(last_result or {}), replayed=True)
-        finished = await model.pipeline.finish(state, chunks, last_result, stream=stream, options=options)
-        self.metrics.segments.labels(model=model.ref).inc(finished.segments)
+        finished = await model.finish(state, chunks, last_result, stream=stream, options=options)
         if finished.tokens is None:
             return Finishing(model, await self._store_final(meta, finished.result), finished)
         finishing = Finishing(model, meta, finished)

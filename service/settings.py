@@ -78,8 +78,8 @@ class Settings(BaseSettings):
         description='Largest batch per model name as JSON, overriding both defaults, e.g. {"srformer-news": 64}.',
     )
     max_queue_delay_ms: float = Field(
-        5.0, ge=0, description="Longest wait for company the last batch promised (fewer rows queued than it had); "
-        "a lone request never waits.",
+        5.0, ge=0, description="Longest wait for company the last batch promised (fewer rows queued than it had): "
+        "a request that finds the worker free waits up to this long after a batch of more than one row.",
     )
     backend: str = Field("onnx", description="Default backend: onnx, torchscript or torch.")
     intra_op_threads: int = Field(

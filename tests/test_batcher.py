@@ -102,7 +102,7 @@ class SlowBackend(RecordingBackend):
         return super().run(inputs, keep)
 
 
-async def test_a_lone_request_runs_at_once_whatever_the_queue_delay():
+async def test_a_lone_request_after_batches_of_one_runs_at_once_whatever_the_queue_delay():
     import time
 
     batcher = DynamicBatcher(RecordingBackend(), "m", "step", max_batch_size=8, max_queue_delay_seconds=1.0)
@@ -111,6 +111,38 @@ async def test_a_lone_request_runs_at_once_whatever_the_queue_delay():
         started = time.perf_counter()
         await batcher.submit({"x": x})
         assert time.perf_counter() - started < 0.2
+    await batcher.close()
+
+
+async def test_a_lone_request_after_a_larger_batch_waits_the_queue_delay_once():
+    import time
+
+    backend = RecordingBackend()
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.3)
+    x = np.ones((1, 2, 3), dtype=np.float32)
+    await asyncio.gather(*(batcher.submit({"x": x}) for _ in range(3)))  # a batch of 3 promises company
+    started = time.perf_counter()
+    await batcher.submit({"x": x})  # no one else comes: it waits for the company the batch of 3 promised
+    waited = time.perf_counter() - started
+    started = time.perf_counter()
+    await batcher.submit({"x": x})  # the batch of 1 promised none
+    assert waited >= 0.29 and time.perf_counter() - started < 0.2
+    assert backend.calls == [3, 1, 1]
+    await batcher.close()
+
+
+async def test_the_batching_policy_decides_what_a_batch_holds():
+    from service.runtime.batching import ContinuousBatching
+
+    class OneAtATime(ContinuousBatching):
+        def take(self, queued, limit):
+            return [queued[0]]
+
+    backend = RecordingBackend()
+    batcher = DynamicBatcher(backend, "m", "step", 8, 0.0, policy=OneAtATime(0.0))
+    x = np.ones((1, 2, 3), dtype=np.float32)
+    await asyncio.gather(*(batcher.submit({"x": x}) for _ in range(4)))
+    assert backend.calls == [1, 1, 1, 1]
     await batcher.close()
 
 

@@ -93,6 +93,25 @@ async def test_searches_join_and_leave_mid_batch_and_each_equals_its_solo_run():
     await loop.close()
 
 
+async def test_the_batching_policy_decides_which_searches_join():
+    from service.runtime.batching import ContinuousBatching
+
+    class OneSearchAtATime(ContinuousBatching):
+        def admit(self, waiting, resident_rows, limit):
+            return 0 if resident_rows else min(1, len(waiting))
+
+    rng = np.random.default_rng(5)
+    specs = [(int(rng.integers(4, 12)), 1) for _ in range(3)]
+    documents = [document(rng, int(rng.integers(2, 20)), 1) for _ in specs]
+    shared = DecodeLoop(ToyDecoder(), "m", GRAPH, max_batch_size=8)
+    backend = ToyDecoder()
+    apart = DecodeLoop(backend, "m", GRAPH, max_batch_size=8, policy=OneSearchAtATime(0.0))
+    assert await decode_all(apart, specs, documents) == await decode_all(shared, specs, documents)
+    assert {len(call["token"]) for call in backend.calls} == {1}  # never two searches in one step
+    await shared.close()
+    await apart.close()
+
+
 async def test_a_search_that_leaves_costs_no_copy_of_the_others_inputs():
     rng = np.random.default_rng(3)
     specs = [(limit, 1) for limit in (6, 9, 12, 15, 18, 21)]

@@ -126,3 +126,27 @@ async def test_documents_of_different_lengths_share_segment_batches(repository):
         np.testing.assert_allclose(list(one["probabilities"].values()), list(other["probabilities"].values()),
                                    atol=1e-5)
     await step.close()
+
+
+def test_the_segments_metric_counts_each_segment_the_model_reads_once(repository, redis_url, key_prefix):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counted(client):
+        text = client.get("/metrics").text
+        return sum(s.value for f in text_string_to_metric_families(text) if f.name == "rtserve_segments_processed"
+                   for s in f.samples if s.name.endswith("_total") and s.labels["model"] == "rmt-tiny:1")
+
+    rng = np.random.default_rng(11)
+    text = document(rng, 150)
+    with make_client(repository[0], redis_url, key_prefix) as client:
+        before = counted(client)
+        whole = client.post("/classify", json={"text": text}).json()
+        assert counted(client) - before == whole["segments"] > 2
+        sid = client.post("/sessions", json={"task": "classify"}).json()["id"]
+        for seq, piece in enumerate(random_pieces(list(text), rng, 120), start=1):
+            client.post(f"/sessions/{sid}/segments", json={"seq": seq, "text": "".join(piece)})
+        client.post(f"/sessions/{sid}/segments", json={"seq": seq, "text": "".join(piece)})  # a retry: replayed
+        finished = client.post(f"/sessions/{sid}/finish").json()
+        client.post(f"/sessions/{sid}/finish")  # finished again: the stored answer
+        assert finished["segments"] == whole["segments"]
+        assert counted(client) - before == 2 * whole["segments"]

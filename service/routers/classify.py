@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from service.auth import OwnerDep
-from service.dependencies import MetricsDep, RegistryDep, SettingsDep
+from service.dependencies import RegistryDep, SettingsDep
 from service.errors import BODY, check_text, responses
 from service.runtime.pipeline import run_whole
 from service.schemas import ClassifyRequest, ClassifyResponse
@@ -21,12 +21,10 @@ router = APIRouter(tags=["classify"])
     "through a classify session and finishing it.",
 )
 async def classify(
-    body: ClassifyRequest, request: Request, registry: RegistryDep, settings: SettingsDep, metrics: MetricsDep,
-    owner: OwnerDep,
+    body: ClassifyRequest, request: Request, registry: RegistryDep, settings: SettingsDep, owner: OwnerDep,
 ) -> ClassifyResponse:
     check_text(body.text, settings)  # the input first: a 422 says what to change whatever the model
     model = registry.resolve(body.model, "classify")
     request.state.model = model.ref
-    consumed, finished = await run_whole(model.pipeline, body.text)
-    metrics.segments.labels(model=model.ref).inc(consumed.segments + finished.segments)
+    _, finished = await run_whole(model, body.text)
     return ClassifyResponse(model=model.ref, **finished.result)

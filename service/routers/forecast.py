@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from service.auth import OwnerDep
-from service.dependencies import MetricsDep, RegistryDep, SettingsDep
+from service.dependencies import RegistryDep, SettingsDep
 from service.errors import BODY, check_rows, responses
 from service.runtime.pipeline import run_whole
 from service.schemas import ForecastRequest, ForecastResponse
@@ -21,12 +21,10 @@ router = APIRouter(tags=["forecast"])
     "holding NaN are refused (422).",
 )
 async def forecast(
-    body: ForecastRequest, request: Request, registry: RegistryDep, settings: SettingsDep, metrics: MetricsDep,
-    owner: OwnerDep,
+    body: ForecastRequest, request: Request, registry: RegistryDep, settings: SettingsDep, owner: OwnerDep,
 ) -> ForecastResponse:
     model = registry.resolve(body.model, "forecast")
     request.state.model = model.ref
     check_rows(body.rows, settings)
-    consumed, finished = await run_whole(model.pipeline, body.rows)
-    metrics.segments.labels(model=model.ref).inc(consumed.segments + finished.segments)
+    _, finished = await run_whole(model, body.rows)
     return ForecastResponse(model=model.ref, **finished.result)

@@ -36,8 +36,7 @@ async def summarize(
     stream = wants_event_stream(request, body.stream)
     meter = GenerationMeter(metrics, model.ref, stream)
     options = {"max_length": body.max_length, "beam_size": body.beam_size}
-    consumed, finished = await run_whole(model.pipeline, body.text, stream=stream, options=options)
-    metrics.segments.labels(model=model.ref).inc(consumed.segments + finished.segments)
+    _, finished = await run_whole(model, body.text, stream=stream, options=options)
     if finished.tokens is not None:
         async def done() -> SummarizeResponse:
             return SummarizeResponse(model=model.ref, **finished.result)

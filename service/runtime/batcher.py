@@ -2,15 +2,18 @@
 
 Concurrent calls to :meth:`DynamicBatcher.submit` — from one-shot requests
 and from different sessions — are stacked along axis 0 into one call of the
-backend and split back. The worker never waits on an idle queue:
+backend and split back. When a batch runs and which calls it holds is the
+batching policy's decision (:mod:`service.runtime.batching`); the service's,
+:class:`~service.runtime.batching.ContinuousBatching`:
 
-- when the worker is idle, a step runs at once (a lone request pays no delay);
-- while a batch runs, arrivals queue up, and the next batch is everything
-  compatible that is queued when the worker comes free (continuous batching);
-- ``max_queue_delay`` only bounds waiting *for company that is expected*: when
-  fewer rows are queued than the previous batch had, the worker waits at most
-  that long for the rest (the callers of the last batch usually come back
-  together), never when the previous batch was as small as this one.
+- a batch runs as soon as the worker is free; calls that arrive while a batch
+  runs form the next one (continuous batching);
+- the one wait: when fewer rows are queued than the previous batch had, the
+  worker waits, at most ``max_queue_delay`` after the oldest arrival, for the
+  rest (the callers of the last batch usually come back together). A request
+  that finds the worker free therefore runs at once after a batch of one row,
+  and waits up to ``max_queue_delay`` after a larger batch when no one else
+  comes (the batch of one it then runs resets the expectation to one row).
 
 Only calls whose inputs agree on every non-batch axis and dtype are stacked
 (a chunk of 5 rows and one of 9 go in separate calls); graphs whose inputs
@@ -31,6 +34,7 @@ import numpy as np
 
 from service.metrics import ServiceMetrics
 from service.runtime.backends import Backend
+from service.runtime.batching import BatchingPolicy, ContinuousBatching
 from service.runtime.graph_runner import GraphRunner
 
 Signature = tuple[tuple[str, tuple[int, ...], str], ...]
@@ -58,9 +62,10 @@ class DynamicBatcher(GraphRunner):
         max_batch_size: int,
         max_queue_delay_seconds: float,
         metrics: ServiceMetrics | None = None,
+        policy: BatchingPolicy | None = None,
     ) -> None:
         super().__init__(backend, model, graph, max_batch_size, metrics)
-        self.max_queue_delay = max_queue_delay_seconds
+        self.policy: BatchingPolicy = policy or ContinuousBatching(max_queue_delay_seconds)
         self._queue: deque[_Pending] = deque()
         self._last_rows = 0  # rows of the previous batch: how much company to expect
 
@@ -77,49 +82,43 @@ class DynamicBatcher(GraphRunner):
         return await pending.future
 
     async def _run_forever(self) -> None:
+        """The worker: one batch per turn of the loop.
+
+        A turn decides when the next batch runs and which queued calls it holds; both are the policy's
+        answers (``self.policy``), so a different policy changes no line here. The worker never polls: it
+        sleeps on an empty queue, and while it waits for company each arrival wakes it to ask the policy
+        again. A batch runs on the backend's own thread, so calls keep arriving meanwhile and form the next
+        batch (continuous batching). Then, in order:
+        """
         while True:
+            # 1) Idle: sleep until a call arrives.
             if not self._queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             batch: list[_Pending] = []
             try:
-                await self._wait_for_expected_company()
-                self._take(batch)
+                # 2) Wait for the company the policy expects, until the time it names.
+                await self._wait_until_ready()
+                # 3) Take the batch the policy picks: the oldest call and what may stack with it.
+                batch = self.policy.take(self._queue, self.max_batch_size)
+                for pending in batch:
+                    self._queue.remove(pending)
+                # 4) Run it and hand every caller its own rows.
                 await self._execute(batch)
             except Exception as error:  # a fault here must fail its callers, never strand them
                 for pending in batch:
                     if not pending.future.done():
                         pending.future.set_exception(error)
 
-    async def _wait_for_expected_company(self) -> None:
-        """Wait, at most ``max_queue_delay`` after the oldest arrival, while fewer rows are queued than last time."""
-        wanted = min(self._last_rows, self.max_batch_size)
-        if self.max_queue_delay <= 0:
-            return
-        deadline = self._queue[0].enqueued + self.max_queue_delay
-        while sum(p.rows for p in self._queue) < wanted:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                return
+    async def _wait_until_ready(self) -> None:
+        while (remaining := self.policy.run_at(self._queue, self._last_rows, self.max_batch_size)
+               - time.perf_counter()) > 0:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
             except TimeoutError:
                 return
-
-    def _take(self, batch: list[_Pending]) -> None:
-        """Fill ``batch``: the oldest pending call plus every queued call of the same shapes, up to the limit."""
-        first = self._queue.popleft()
-        batch.append(first)
-        rows = first.rows
-        for pending in list(self._queue):
-            if rows >= self.max_batch_size:
-                break
-            if pending.key == first.key and rows + pending.rows <= self.max_batch_size:
-                self._queue.remove(pending)
-                batch.append(pending)
-                rows += pending.rows
 
     async def _execute(self, batch: list[_Pending]) -> None:
         live = [pending for pending in batch if not pending.future.done()]  # a cancelled caller is skipped

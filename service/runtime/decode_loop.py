@@ -45,6 +45,7 @@ import numpy as np
 from models.decoding import Search
 from service.metrics import ServiceMetrics
 from service.runtime.backends import Backend
+from service.runtime.batching import BatchingPolicy, ContinuousBatching
 from service.runtime.graph_runner import GraphRunner
 
 Arrays = dict[str, np.ndarray]
@@ -85,8 +86,10 @@ class DecodeLoop(GraphRunner):
         graph: Mapping[str, Any],
         max_batch_size: int,
         metrics: ServiceMetrics | None = None,
+        policy: BatchingPolicy | None = None,
     ) -> None:
         super().__init__(backend, model, str(graph["name"]), max_batch_size, metrics)
+        self.policy: BatchingPolicy = policy or ContinuousBatching(0.0)
         self.state_outputs: dict[str, str] = dict(graph["state_outputs"])  # state input -> output
         axes = {spec["name"]: list(spec["shape"]) for spec in graph["inputs"]}
         # state axes to squeeze: an axis whose mask is itself state (e.g. the self-attention cache)
@@ -121,13 +124,25 @@ class DecodeLoop(GraphRunner):
 
     # ---- the worker ----------------------------------------------------------------------------
     async def _run_forever(self) -> None:
+        """The worker: one decode step of every live search per turn of the loop.
+
+        A turn first re-forms the resident batch (searches that are done or whose caller left give their
+        rows back; waiting searches join where the policy admits them: ``self.policy.admit``), then runs one
+        step of the decode graph over every row and advances each search by its own rows' log-probabilities.
+        A search therefore joins at the step after it arrives and leaves at the step it ends, whatever the
+        others do: no search waits for a batch to drain, and none holds a step for one that is late. The
+        worker sleeps only when no search is live or waiting. Then, in order:
+        """
         while True:
+            # 1) Idle: sleep until a search arrives.
             if not self._members and not self._arrivals:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             try:
+                # 2) Re-form: drop the finished and abandoned searches, admit the arrivals the policy lets in.
                 self._reform()
+                # 3) One step of every resident search; a search that ends hands its caller the ids.
                 if self._members:
                     await self._step()
             except Exception as error:  # a fault fails the searches in the batch, never strands them
@@ -138,18 +153,15 @@ class DecodeLoop(GraphRunner):
                 self.backend.drop_kept()
 
     def _reform(self) -> None:
-        """Drop finished or abandoned searches, then admit the arrivals that fit."""
+        """Drop finished or abandoned searches, then admit the arrivals the policy lets in."""
         if any(member.future.done() for member in self._members):
             self._remove_finished()
-        rows = self._rows
-        joining: list[_Member] = []
-        while self._arrivals and rows + self._arrivals[0].search.rows <= self.max_batch_size:
-            member = self._arrivals.pop(0)
-            if not member.future.done():
-                joining.append(member)
-                rows += member.search.rows
+        self._arrivals = [member for member in self._arrivals if not member.future.done()]  # callers that left
+        joining = self.policy.admit([member.search.rows for member in self._arrivals], self._rows,
+                                    self.max_batch_size)
         if joining:
-            self._admit(joining)
+            self._admit(self._arrivals[:joining])
+            del self._arrivals[:joining]
 
     def _remove_finished(self) -> None:
         staying = [member for member in self._members if not member.future.done()]

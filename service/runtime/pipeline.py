@@ -42,7 +42,20 @@ class Finished:
     segments: int = 0  # graph steps the finish applied (the tail of the document)
 
 
-class Pipeline(Protocol):
+class Steps(Protocol):
+    """What reads a document: a pipeline, or a loaded model (the same calls, metered)."""
+
+    def new_state(self) -> Arrays: ...
+
+    async def consume(self, state: Mapping[str, np.ndarray], piece: Any) -> Consumed: ...
+
+    async def finish(
+        self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
+        stream: bool = False, options: Mapping[str, Any] | None = None,
+    ) -> Finished: ...
+
+
+class Pipeline(Steps, Protocol):
     """What the service sees of a family's pipeline (the ``pipeline`` part of its record); the routes, the
     session flow and the registry read these and nothing else, so that they hold no per-task branch."""
 
@@ -54,15 +67,6 @@ class Pipeline(Protocol):
     # None: the answer comes whole
     generated_text: str | None
     generated_tokens: str | None  # the result field counting the tokens generated (metered)
-
-    def new_state(self) -> Arrays: ...
-
-    async def consume(self, state: Mapping[str, np.ndarray], piece: Any) -> Consumed: ...
-
-    async def finish(
-        self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
-        stream: bool = False, options: Mapping[str, Any] | None = None,
-    ) -> Finished: ...
 
 
 OVER_LIMIT = ("truncate", "refuse")  # what a text pipeline does with tokens past its model's limit
@@ -96,10 +100,10 @@ def load_initial_state(entry: Path) -> Arrays:
 
 
 async def run_whole(
-    pipeline: Pipeline, piece: Any, stream: bool = False, options: Mapping[str, Any] | None = None
+    steps: Steps, piece: Any, stream: bool = False, options: Mapping[str, Any] | None = None
 ) -> tuple[Consumed, Finished]:
     """A one-shot request: the same ``consume`` and ``finish`` a session runs, on one piece."""
-    consumed = await pipeline.consume(pipeline.new_state(), piece)
+    consumed = await steps.consume(steps.new_state(), piece)
     chunks = [consumed.chunk] if consumed.chunk else []
-    finished = await pipeline.finish(consumed.state, chunks, consumed.result, stream=stream, options=options)
+    finished = await steps.finish(consumed.state, chunks, consumed.result, stream=stream, options=options)
     return consumed, finished

@@ -20,13 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rtserve.families import Family, family
 from service.metrics import ServiceMetrics
 from service.runtime.backends import load_backends
 from service.runtime.batcher import DynamicBatcher
+from service.runtime.batching import ContinuousBatching
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.devices import DeviceConfigError, check_backend_precision, resolve_device
-from service.runtime.pipeline import Pipeline
+from service.runtime.pipeline import Arrays, Consumed, Finished, Pipeline
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ class LoadedModel:
     device: str = "cpu"  # "cpu" or "cuda:N", resolved
     precision: str = "fp32"
     max_batch_size: int = 32
+    metrics: ServiceMetrics | None = None
 
     @property
     def task(self) -> str:
@@ -58,6 +62,28 @@ class LoadedModel:
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
+
+    # The pipeline's calls, metered: every request and every session reads a document through these, so the
+    # segments the model reads are counted here and nowhere else.
+    def new_state(self) -> Arrays:
+        return self.pipeline.new_state()
+
+    async def consume(self, state: Mapping[str, np.ndarray], piece: Any) -> Consumed:
+        consumed = await self.pipeline.consume(state, piece)
+        self._count(consumed.segments)
+        return consumed
+
+    async def finish(
+        self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
+        stream: bool = False, options: Mapping[str, Any] | None = None,
+    ) -> Finished:
+        finished = await self.pipeline.finish(state, chunks, last_result, stream=stream, options=options)
+        self._count(finished.segments)
+        return finished
+
+    def _count(self, segments: int) -> None:
+        if self.metrics is not None:
+            self.metrics.segments.labels(model=self.ref).inc(segments)
 
 
 def _version_key(version: str) -> tuple[int, str]:
@@ -102,14 +128,15 @@ def load_model(
                              spinning=settings.intra_op_spinning)
     precision = next(iter(backends.values())).precision  # an entry exported in fp16 runs in fp16
     max_batch_size = settings.batch_size_for(name, device)
+    policy = ContinuousBatching(settings.max_queue_delay_ms / 1000)
     runners: dict[str, DynamicBatcher | DecodeLoop] = {}
     for graph in manifest["graphs"]:
         runner, ref = backends[graph["name"]], f"{name}:{version}"
         if is_decode_graph(graph):  # autoregressive: searches of many documents share every step
-            runners[graph["name"]] = DecodeLoop(runner, ref, graph, max_batch_size, metrics)
+            runners[graph["name"]] = DecodeLoop(runner, ref, graph, max_batch_size, metrics, policy)
         else:
             runners[graph["name"]] = DynamicBatcher(
-                runner, ref, graph["name"], max_batch_size, settings.max_queue_delay_ms / 1000, metrics
+                runner, ref, graph["name"], max_batch_size, policy.max_queue_delay, metrics, policy
             )
     pipeline_class = record.part("pipeline")
     text_options = {"over_limit": settings.over_limit} if pipeline_class.input_kind == "text" else {}
@@ -117,7 +144,7 @@ def load_model(
     providers = list(dict.fromkeys(p for runner in backends.values() for p in runner.providers))  # in order
     return LoadedModel(
         name, version, entry, manifest, backend, providers, runners, pipeline, record, device, precision,
-        max_batch_size,
+        max_batch_size, metrics,
     )
 
 
