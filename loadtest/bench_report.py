@@ -1,7 +1,7 @@
 """The machine, the targets and the two outputs of ``rtserve bench``: a JSON object and a markdown table.
 
-Targets are the issue's ("The runtime: serve from the GPU, batch what arrives together, and cut the
-per-piece overhead"), checked against ratios from one run. CPU targets are checked where NVML sees
+Targets are the runtime's (serve from the GPU, batch what arrives together, cut the per-piece overhead),
+checked against ratios from one run. CPU targets are checked where NVML sees
 no GPU, GPU targets where it sees one; every row says which.
 """
 
@@ -93,7 +93,7 @@ COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": o
 
 
 def targets_for(scenarios: Mapping[str, Any]) -> list[Target]:
-    """The issue's targets, at the session counts this run measured."""
+    """The runtime's targets, at the session counts this run measured."""
     counts = sorted(int(n) for n in lookup(scenarios, "throughput") or {} if n.isdigit())
     targets = [
         Target("e2e / step, 1 session", ("e2e", "e2e_per_step"), "<=", 1.15, "cpu"),

@@ -6,7 +6,7 @@
   plus an encoder over patch tokens with a flattened linear head. Families (RSA,
   R-Transformer, vanilla) supply only ``encode``.
 - ``LinearForecaster``: the channel-independent ridge baseline in the same shape.
-- ``ForecastStream``: the segment model of DESIGN.md. Its state is a fixed-size look-back
+- ``ForecastStream``: the segment model of docs/architecture.md. Its state is a fixed-size look-back
   buffer and a row counter, so it is bounded by the configuration, never by the stream.
 """
 

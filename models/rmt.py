@@ -27,7 +27,7 @@ outputs can be computed once per document and cached during training; layers
 ``memory_layer..L-1`` process ``[memory ; segment]``. With ``memory_layer=0``
 this is exactly the paper's design.
 
-Segment-model contract (DESIGN.md): state = {"memory": (B, m, d) float32};
+Segment contract (docs/architecture.md): state = {"memory": (B, m, d) float32};
 ``step`` is a pure tensor function (memory, input_ids, attention_mask) ->
 (memory', logits), with an all-padding segment leaving the memory unchanged, so
 documents of different lengths batch together and a whole-document call is a

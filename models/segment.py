@@ -1,4 +1,4 @@
-"""The segment-model contract every served model keeps (see DESIGN.md), in PyTorch.
+"""The segment-model contract every served model keeps (docs/architecture.md), in PyTorch.
 
     state_spec()               -> [TensorSpec]      # names, dtypes, shapes; batch is axis 0
     init_state(batch)          -> state             # dict of named tensors

@@ -42,7 +42,7 @@ Decoder blocks are pre-LN (:class:`Block`, ``norm_position="pre"``, trained from
 shipped recipe) or post-LN like BERT's (:class:`PostLNBlock`), so that :func:`warm_start_from_minilm`
 can start them from MiniLM's layers (BERT2BERT, Rothe et al., 2020).
 
-Serving (segment-model contract, DESIGN.md): the decoder step (:meth:`SRformer.step`) is a pure
+Serving (the segment contract, docs/architecture.md): the decoder step (:meth:`SRformer.step`) is a pure
 tensor function, caches and RAF state in, log-probabilities and caches out; :meth:`SRformer.memory`
 is what one encoder window adds. Reading a document as text pieces of any size is the family's
 stream, ``models/summary_stream.py`` (numpy), which the service wraps over the exported graphs and
@@ -909,7 +909,7 @@ def continuation(prev1: torch.Tensor, prev2: torch.Tensor, last1: torch.Tensor, 
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Copy-continuation indicators (B, 2, T, k): source j follows the summary's last token
     (prev1[j] == last1[t]) and its last two tokens (also prev2[j] == last2[t]); in ``dtype``, the
-    decoder's (a float32 bias added to fp16 scores was the fp16 ``decode_step`` failure)."""
+    decoder's (a float32 bias added to fp16 scores stops an fp16 ``decode_step``)."""
     one = prev1[:, None, :] == last1[:, :, None]  # (B, T, k)
     two = one & (prev2[:, None, :] == last2[:, :, None])
     return torch.stack([one, two], dim=1).to(dtype)

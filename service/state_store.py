@@ -64,7 +64,7 @@ class StateStore:
     ) -> StateStore:
         """A client whose pool, when all ``max_connections`` are busy, makes a request wait for one.
 
-        redis-py's default pool raises at once when full, which turned ordinary bursts into false 503s.
+        redis-py's default pool raises at once when full, which would turn ordinary bursts into false 503s.
         A broken connection (a pooled socket that a restarted Redis closed) is retried twice on a fresh
         one: every write the service sends is idempotent when repeated (compare-and-set scripts,
         ZADD/SET of the same values), so a repeat can never apply a piece twice.

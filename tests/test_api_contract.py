@@ -1,4 +1,4 @@
-"""The API as a client meets it (issue 17): one error body, request ids, metrics, docs offline, finish and replay
+"""The API as a client meets it: one error body, request ids, metrics, docs offline, finish and replay
 rules, CORS, gzip, defaults — over one app serving a tiny classifier, summarizer and forecaster, real Redis."""
 
 import re

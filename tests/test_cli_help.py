@@ -1,4 +1,4 @@
-"""The `rtserve` command's help and errors (issue 17): defaults shown, an unknown command named."""
+"""The `rtserve` command's help and errors: defaults shown, an unknown command named."""
 
 import pytest
 

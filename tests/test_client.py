@@ -1,4 +1,4 @@
-"""rtserve.client and the CLI's client verbs against a real `rtserve serve` process (issue 17), which also writes
+"""rtserve.client and the CLI's client verbs against a real `rtserve serve` process, which also writes
 JSON logs with an access log: every line is JSON, carries its request id, and names route templates, never ids."""
 
 import asyncio

@@ -1,4 +1,4 @@
-"""The fault suite: real `rtserve serve` processes, a real redis-server that is killed and restarted (issue 15).
+"""The fault suite: real `rtserve serve` processes, a real redis-server that is killed and restarted.
 
 One bounded chaos run (loadtest/chaos.py, the same code as the load runner) covers 300 parallel creates
 on one replica, sessions fed piece by piece over two replicas while one replica is SIGKILLed, Redis is

@@ -1,4 +1,4 @@
-"""The import arrows of the source tree point one way: each folder has one job.
+"""The import arrows of the source tree point one way (docs/architecture.md, "Layers"): each folder has one job.
 
     service/        -> models (families' streams, serving adapters, searches), never models.training
     export/         -> models; never service/

@@ -65,8 +65,8 @@ def test_torch_backend_in_lower_precision_matches_fp32(family, precision, tmp_pa
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["srformer", "segmented", "full"])
 def test_srformer_decode_step_runs_in_half_precision(mode, dtype, tmp_path):
-    """The fp16 decode_step failed with "expected scalar type Half but found Float": the
-    copy-continuation bias was built in float32 and -1e30 masks overflow fp16."""
+    """The decode_step runs in fp16 and bf16: a copy-continuation bias built in float32 would stop it ("expected
+    scalar type Half but found Float"), and a -1e30 mask would overflow fp16."""
     graph = build_servable(tiny_srformer(tmp_path / "s", mode=mode)).graph("decode_step")
     inputs = graph.sample_inputs(2, torch.Generator().manual_seed(3))
     with torch.no_grad():

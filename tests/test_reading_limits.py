@@ -1,4 +1,4 @@
-"""No silent truncation (issue #16): every text answer says how much of the document the model read.
+"""No silent truncation: every text answer says how much of the document the model read.
 
 Past a model's limit (`GET /models`: `max_tokens`) the service either reads the first tokens and says
 `truncated: true` (`RTSERVE_OVER_LIMIT=truncate`, the default) or answers 422 and applies nothing

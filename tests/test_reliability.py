@@ -1,6 +1,6 @@
-"""Reliability and security of one replica, in process, over a real Redis (issue 15).
+"""Reliability and security of one replica, in process, over a real Redis.
 
-Each test names a defect the issue reproduced and shows it cannot happen: a quota that holds under
+Each test names a failure a service like this can have and shows it cannot happen here: a quota that holds under
 parallel creates, a 503 that tells the truth, no 500 for any header or text, 413 for any oversize body,
 a lock left by a dead replica that stalls nobody, Redis out of memory answered 503.
 """

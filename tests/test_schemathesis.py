@@ -1,8 +1,8 @@
 """The schema and the service agree: schemathesis fuzzes every operation of /openapi.json against a real process
-with all its default checks (issues 15, 17): no 5xx, only documented statuses and content types, every answer
+with all its default checks: no 5xx, only documented statuses and content types, every answer
 valid against its declared schema (errors included), invalid input refused, valid input not refused for its shape.
 
-Bounded (a few examples per operation, about a minute): the issue's own run (~58,000 requests) is for
+Bounded (a few examples per operation, about a minute): a full run (~58,000 requests) is for
 `schemathesis run http://127.0.0.1:8000/openapi.json` by hand.
 """
 

@@ -1,4 +1,4 @@
-"""A summary streamed as Server-Sent Events stops generating when the client leaves (issue 15, defect 11).
+"""A summary streamed as Server-Sent Events stops generating when the client leaves.
 
 A real uvicorn server in a thread (so the client's disconnect travels the real path), its decode graph
 wrapped to count steps and to take 20 ms each, so the summary would run for seconds if nobody stopped it.

@@ -1,4 +1,4 @@
-"""Summaries read as text (issue 17): no WordPiece spacing artifacts, no words glued from pieces of different
+"""Summaries read as text: no WordPiece spacing artifacts, no words glued from pieces of different
 document words, no word cut at the length cap; streamed pieces are whole words and add up to the summary.
 
 Over 50 BBC test articles summarized by the shipped `srformer-news` (exported once here: about 15 s, the 50

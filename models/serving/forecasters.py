@@ -1,7 +1,7 @@
 """Forecasters (RSA, R-Transformer, vanilla, linear) as one servable graph: the ``ForecastStream`` step.
 
 The step *is* the exported graph, so a series streamed in pieces equals the series posted whole
-by construction (DESIGN.md).
+by construction (docs/architecture.md, "The segment contract").
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def collate(model: SRformer, examples: list[Example], max_target: int
 
 def clipping_groups(model: SRformer, recurrent_apart: bool) -> dict[str, list[torch.nn.Parameter]]:
     """Parameters clipped together (to norm 1): all of them, or the recurrent part's (RAF, gate) apart,
-    so that its gradients cannot scale down every other update (issue 16)."""
+    so that its gradients cannot scale down every other update."""
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     apart = {name for name in params if recurrent_apart and (".raf." in name or name.endswith(".gate"))}
     if not apart:

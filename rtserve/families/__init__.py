@@ -7,7 +7,7 @@ scored. The command, export and the service all look here, as LitServe's server 
 
 The parts are named by import path (``"package.module:attribute"``) and imported on first use, so reading
 the registry imports nothing heavy: the service on the ONNX path imports a pipeline and never torch,
-export imports an adapter and never a training recipe (tests/test_layout.py keeps these arrows).
+export imports an adapter and never a training recipe (docs/architecture.md, "Layers").
 
 The built-in families are in :mod:`rtserve.families.builtin`. A family written outside the repository
 joins through the ``rtserve.families`` entry-point group of its own package; the entry point's name is
