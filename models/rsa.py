@@ -26,30 +26,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.forecast_stream import PatchForecaster
+from models.forecast_stream import PatchConfig, PatchForecaster, PreNormBlock
 
 # REM kinds. The six configurable head types k1..k6 are (REGULAR, C1, C2) undilated then dilated.
 IDENTITY, REGULAR, CYCLIC_COS, CYCLIC_SIN = 0, 1, 2, 3
 
 
 @dataclass
-class RSAConfig:
-    n_vars: int = 7  # variables of the series (channel-independent: only recorded)
-    lookback: int = 96  # L, rows of history the forecaster reads
-    horizon: int = 24  # H, rows it forecasts
-    patch_len: int = 8  # rows per token
-    stride: int = 8  # rows between token starts
-    d_model: int = 32  # token width
-    n_layers: int = 2  # RSA blocks
-    n_heads: int = 4  # heads per layer; must equal sum(head_types)
+class RSAConfig(PatchConfig):
+    """The patch shell's configuration and the RSA heads'; ``n_heads`` must equal ``sum(head_types)``."""
+
     # (k1..k6): regular, cyclical C1, cyclical C2, dilated regular, dilated C1, dilated C2
     head_types: list[int] = field(default_factory=lambda: [1, 1, 1, 1, 0, 0])
     dilations: list[int] = field(default_factory=lambda: [3])  # dilating factors, cycled over dilated heads
     masked: bool = False  # masked (causal) REMs and attention; the look-back is all known, so unmasked
     power_cap: int = 200  # K: REM entries with exponent > K are masked (App. D.1)
     gate_init: float = 0.0  # mu at init (paper: within [-3, 3]); gate = sigmoid(mu)
-    d_ff: int = 64  # feed-forward width
-    dropout: float = 0.1
 
 
 def rem(
@@ -168,47 +160,16 @@ class RSAAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(batch, length, width))  # (B, T, d)
 
 
-class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model), nn.Dropout(dropout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class RSABlock(nn.Module):
-    """Pre-norm transformer block whose attention is multi-head RSA."""
-
-    def __init__(self, config: RSAConfig):
-        super().__init__()
-        kinds, factors = head_layout(config.head_types, config.dilations)
-        self.ln1 = nn.LayerNorm(config.d_model)
-        self.attn = RSAAttention(
-            config.d_model, kinds, factors, config.masked, config.power_cap, config.gate_init, config.dropout
-        )
-        self.ln2 = nn.LayerNorm(config.d_model)
-        self.ffn = FeedForward(config.d_model, config.d_ff, config.dropout)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.ln1(x)))
-        return x + self.ffn(self.ln2(x))
-
-
 class RSAForecaster(PatchForecaster):
     """(B, L, C) standardized look-back -> (B, H, C) forecast, encoder of RSA blocks."""
 
     def __init__(self, config: RSAConfig):
         if sum(config.head_types) != config.n_heads:
             raise ValueError(f"head_types {config.head_types} do not add up to n_heads {config.n_heads}")
-        super().__init__(
-            config.lookback, config.horizon, config.patch_len, config.stride, config.d_model, config.dropout
+        super().__init__(config)
+        kinds, factors = head_layout(config.head_types, config.dilations)
+        self.blocks = nn.ModuleList(  # pre-norm blocks whose attention is multi-head RSA
+            PreNormBlock(RSAAttention(config.d_model, kinds, factors, config.masked, config.power_cap,
+                                      config.gate_init, config.dropout), config.d_model, config.d_ff, config.dropout)
+            for _ in range(config.n_layers)
         )
-        self.config = config
-        self.blocks = nn.ModuleList(RSABlock(config) for _ in range(config.n_layers))
-
-    def encode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B*C, N, d)
-        for block in self.blocks:
-            tokens = block(tokens)
-        return tokens

@@ -15,30 +15,21 @@ Reference: ../shared/papers/r-transformer.txt.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.forecast_stream import PatchForecaster
+from models.forecast_stream import MultiHeadAttention, PatchConfig, PatchForecaster
 
 
 @dataclass
-class RTransformerConfig:
-    n_vars: int = 7  # variables of the series (channel-independent: only recorded)
-    lookback: int = 96  # L, rows of history the forecaster reads
-    horizon: int = 24  # H, rows it forecasts
-    patch_len: int = 8  # rows per token
-    stride: int = 8  # rows between token starts
-    d_model: int = 32  # token width
-    n_layers: int = 2  # R-Transformer layers
-    n_heads: int = 4  # attention heads per layer
+class RTransformerConfig(PatchConfig):
+    """The patch shell's configuration (``n_layers``: R-Transformer layers) and the LocalRNN's window."""
+
     window: int = 3  # M, LocalRNN window (tokens)
-    d_ff: int = 64  # feed-forward width
     causal: bool = False  # mask attention to the past (the paper's autoregressive setting)
-    dropout: float = 0.1
 
 
 class LocalRNN(nn.Module):
@@ -56,28 +47,6 @@ class LocalRNN(nn.Module):
         local = local.permute(0, 1, 3, 2).reshape(batch * length, self.window, width)  # (B*T, M, d)
         _, last = self.rnn(local)  # (1, B*T, d)
         return last.reshape(batch, length, width)
-
-
-class MultiHeadAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, causal: bool, dropout: float):
-        super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"d_model {d_model} is not divisible by {n_heads} heads")
-        self.n_heads, self.causal = n_heads, causal
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, width = x.shape  # (B, T, d)
-        hs = width // self.n_heads
-        q, k, v = (t.view(batch, length, self.n_heads, hs).transpose(1, 2) for t in self.qkv(x).split(width, 2))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (B, nh, T, T)
-        if self.causal:
-            mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-            scores = scores.masked_fill(~mask, float("-inf"))
-        y = self.dropout(F.softmax(scores, dim=-1)) @ v  # (B, nh, T, hs)
-        return self.proj(y.transpose(1, 2).reshape(batch, length, width))
 
 
 class RTransformerLayer(nn.Module):
@@ -105,13 +74,10 @@ class RTransformerForecaster(PatchForecaster):
     """(B, L, C) standardized look-back -> (B, H, C) forecast, R-Transformer encoder."""
 
     def __init__(self, config: RTransformerConfig):
-        super().__init__(
-            config.lookback, config.horizon, config.patch_len, config.stride, config.d_model, config.dropout
-        )
-        self.config = config
+        super().__init__(config)
         self.layers = nn.ModuleList(RTransformerLayer(config) for _ in range(config.n_layers))
 
-    def encode(self, tokens: torch.Tensor) -> torch.Tensor:  # (B*C, N, d)
-        for layer in self.layers:
-            tokens = layer(tokens)
-        return tokens
+    @property
+    def blocks(self) -> nn.ModuleList:  # type: ignore[override]
+        """The encoder: the paper's layers, under the name checkpoints give them (``layers``)."""
+        return self.layers

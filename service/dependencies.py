@@ -6,7 +6,8 @@ dependency in its thread pool, a thread hop per dependency per request.
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -17,30 +18,17 @@ from service.settings import Settings
 from service.state_store import StateStore
 
 
-async def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+def app_state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency that returns ``app.state.<name>`` (what the lifespan or the app factory put there)."""
+
+    async def get(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    return get
 
 
-async def get_store(request: Request) -> StateStore:
-    return request.app.state.store
-
-
-async def get_metrics(request: Request) -> ServiceMetrics:
-    return request.app.state.metrics
-
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-StoreDep = Annotated[StateStore, Depends(get_store)]
-MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
-
-
-async def get_registry(request: Request) -> ModelRegistry:
-    return request.app.state.registry
-
-
-async def get_flow(request: Request) -> SessionFlow:
-    return request.app.state.flow
-
-
-RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
-FlowDep = Annotated[SessionFlow, Depends(get_flow)]
+SettingsDep = Annotated[Settings, Depends(app_state("settings"))]
+StoreDep = Annotated[StateStore, Depends(app_state("store"))]
+MetricsDep = Annotated[ServiceMetrics, Depends(app_state("metrics"))]
+RegistryDep = Annotated[ModelRegistry, Depends(app_state("registry"))]
+FlowDep = Annotated[SessionFlow, Depends(app_state("flow"))]

@@ -10,10 +10,13 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.runtime.devices import check_device, check_precision
+
+Device = Annotated[str, AfterValidator(check_device)]  # auto, cpu, cuda or cuda:N, lower-cased
+Precision = Annotated[str, AfterValidator(check_precision)]  # fp32, fp16 or bf16, lower-cased
 
 
 class Settings(BaseSettings):
@@ -93,20 +96,20 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='Backend per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "torch"}.',
     )
-    device: str = Field(
+    device: Device = Field(
         "auto",
         description="Default device: auto (cuda:0 where the model's backend sees a GPU, else cpu), cpu, cuda or "
         "cuda:N. A CUDA device that is not there fails startup.",
     )
-    model_devices: dict[str, str] = Field(
+    model_devices: dict[str, Device] = Field(
         default_factory=dict,
         description='Device per model name as JSON, overriding the default, e.g. {"rsa-etth1-h24": "cpu"}.',
     )
-    precision: str = Field(
+    precision: Precision = Field(
         "fp32",
         description="Default precision: fp32, fp16 (onnx, torch backends) or bf16 (torch backend).",
     )
-    model_precisions: dict[str, str] = Field(
+    model_precisions: dict[str, Precision] = Field(
         default_factory=dict,
         description='Precision per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "bf16"}.',
     )
@@ -157,26 +160,6 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [key.strip() for key in text.split(",") if key.strip()]
         return value
-
-    @field_validator("device")
-    @classmethod
-    def _check_device(cls, value: str) -> str:
-        return check_device(value)
-
-    @field_validator("model_devices")
-    @classmethod
-    def _check_model_devices(cls, value: dict[str, str]) -> dict[str, str]:
-        return {name: check_device(device) for name, device in value.items()}
-
-    @field_validator("precision")
-    @classmethod
-    def _check_precision(cls, value: str) -> str:
-        return check_precision(value)
-
-    @field_validator("model_precisions")
-    @classmethod
-    def _check_model_precisions(cls, value: dict[str, str]) -> dict[str, str]:
-        return {name: check_precision(precision) for name, precision in value.items()}
 
     @field_validator("model_max_batch_sizes")
     @classmethod

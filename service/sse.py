@@ -51,6 +51,11 @@ def sse_content(done_schema: str) -> dict[str, Any]:
     }
 
 
+def sse_answer(done_schema: str, description: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` of a 200 that is JSON or, with ``stream``, Server-Sent Events ending in ``done_schema``."""
+    return {200: {"content": sse_content(done_schema), "description": description}}
+
+
 class GenerationMeter:
     """Time to first token and tokens generated, for one summary (streamed or not); ``counted`` is the answer's
     field that counts the generated tokens."""

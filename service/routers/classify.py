@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
-from service.auth import OwnerDep
-from service.dependencies import RegistryDep, SettingsDep
 from service.errors import BODY, check_text, responses
+from service.routers.one_shot import OneShotDep
 from service.runtime.pipeline import run_whole
 from service.schemas import ClassifyRequest, ClassifyResponse
 
@@ -20,11 +19,8 @@ router = APIRouter(tags=["classify"])
     "segment, and answers the label of the last segment's memory. The same answer as streaming the document "
     "through a classify session and finishing it.",
 )
-async def classify(
-    body: ClassifyRequest, request: Request, registry: RegistryDep, settings: SettingsDep, owner: OwnerDep,
-) -> ClassifyResponse:
-    check_text(body.text, settings)  # the input first: a 422 says what to change whatever the model
-    model = registry.resolve(body.model, "classify")
-    request.state.model = model.ref
+async def classify(body: ClassifyRequest, call: OneShotDep) -> ClassifyResponse:
+    check_text(body.text, call.settings)  # the input first: a 422 says what to change whatever the model
+    model = call.model(body.model, "classify")
     _, finished = await run_whole(model, body.text)
     return ClassifyResponse(model=model.ref, **finished.result)

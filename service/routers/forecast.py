@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
-from service.auth import OwnerDep
-from service.dependencies import RegistryDep, SettingsDep
 from service.errors import BODY, check_rows, responses
+from service.routers.one_shot import OneShotDep
 from service.runtime.pipeline import run_whole
 from service.schemas import ForecastRequest, ForecastResponse
 
@@ -20,11 +19,8 @@ router = APIRouter(tags=["forecast"])
     "a forecast; with fewer, `forecast` is null and `rows_needed` says how many more. Rows of the wrong width or "
     "holding NaN are refused (422).",
 )
-async def forecast(
-    body: ForecastRequest, request: Request, registry: RegistryDep, settings: SettingsDep, owner: OwnerDep,
-) -> ForecastResponse:
-    model = registry.resolve(body.model, "forecast")
-    request.state.model = model.ref
-    check_rows(body.rows, settings)
+async def forecast(body: ForecastRequest, call: OneShotDep) -> ForecastResponse:
+    model = call.model(body.model, "forecast")
+    check_rows(body.rows, call.settings)
     _, finished = await run_whole(model, body.rows)
     return ForecastResponse(model=model.ref, **finished.result)

@@ -24,7 +24,7 @@ from service.schemas import (
 )
 from service.session_flow import Finishing
 from service.sessions import SessionMeta
-from service.sse import GenerationMeter, replay_tokens, sse_content, summary_events, wants_event_stream
+from service.sse import GenerationMeter, replay_tokens, sse_answer, summary_events, wants_event_stream
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 
@@ -105,10 +105,9 @@ async def add_segment(
 
 @router.post(
     "/{session_id}/finish", response_model=FinishResponse,
-    responses={200: {"content": sse_content("SummarizeFinish"),
-                     "description": "The one-shot answer of the session's task plus `session`; summaries as "
-                     "Server-Sent Events with `stream` (or `Accept: text/event-stream`)."},
-               **responses(*BODY, 401, 404, 409, 503)},
+    responses=sse_answer("SummarizeFinish", "The one-shot answer of the session's task plus `session`; "
+                         "summaries as Server-Sent Events with `stream` (or `Accept: text/event-stream`).")
+    | responses(*BODY, 401, 404, 409, 503),
     summary="Finish: the final result (summaries may stream as Server-Sent Events)",
     description="Reads the rest of the document and answers exactly what the one-shot endpoint answers for the "
     "whole document, plus `session`. Finishing again answers the stored result (as events, with `stream`). A "

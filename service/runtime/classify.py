@@ -13,39 +13,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from models.classifier_stream import ClassifierStream
 from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
-from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, cut_text, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, Finished, TextPipeline, cut_text
 
 
-class ClassifyPipeline:
+class ClassifyPipeline(TextPipeline):
     task = "classify"
-    input_kind = "text"
-    row_width = None
-    generated_text = generated_tokens = None
 
     def __init__(self, manifest: Mapping[str, Any], entry: Path, graphs: Mapping[str, DynamicBatcher],
                  over_limit: str = "truncate") -> None:
-        self.manifest, self.over_limit = manifest, over_limit
+        super().__init__(manifest, entry, over_limit)
         self.step = graphs["step"]
         settings = manifest["settings"]
         self.labels = list(settings["labels"])
-        tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
         cutter = SegmentCutter(
-            tokenizer, int(settings["segment_size"]), settings["max_segments"], int(settings["pending_bytes"])
+            self.tokenizer, int(settings["segment_size"]), settings["max_segments"], int(settings["pending_bytes"])
         )
         self.stream = ClassifierStream(cutter, self.labels)
-        self.initial_state = load_initial_state(entry)
-
-    @property
-    def max_tokens(self) -> int | None:
-        return self.stream.limit
-
-    def new_state(self) -> Arrays:
-        return dict(self.initial_state)
 
     async def consume(self, state: Mapping[str, np.ndarray], piece: str) -> Consumed:
         before = self.stream.tokens_read(state)
@@ -64,9 +51,6 @@ class ClassifyPipeline:
         new_state = await self._run(cut_state, segments)
         # a document without a single token: label null, no probabilities (the schema's own "no text yet")
         return Finished(self.stream.result(new_state), segments=len(segments))
-
-    def _check(self, state: Mapping[str, np.ndarray]) -> None:
-        check_reading(self.stream.reading(state), self.stream.limit, self.over_limit, self.manifest["name"])
 
     async def _run(self, state: dict[str, np.ndarray], segments: list) -> dict[str, np.ndarray]:
         for segment in segments:  # in order: each segment reads the memory the previous one wrote

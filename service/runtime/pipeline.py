@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from safetensors.numpy import load as safetensors_load
+from tokenizers import Tokenizer
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")
@@ -97,6 +98,32 @@ def check_reading(reading: Mapping[str, Any], limit: int | None, over_limit: str
 def load_initial_state(entry: Path) -> Arrays:
     """``init_state(1)`` as the exporter wrote it (learned initial memory, zeros, ...)."""
     return dict(safetensors_load((entry / "initial_state.safetensors").read_bytes()))
+
+
+class TextPipeline:
+    """What the pipelines that read text share: the entry's tokenizer and initial state, and the reading
+    limit of the family's stream (``self.stream``, set by the subclass: its ``limit`` and ``reading``)."""
+
+    input_kind = "text"
+    row_width = None
+    generated_text: str | None = None
+    generated_tokens: str | None = None
+    stream: Any
+
+    def __init__(self, manifest: Mapping[str, Any], entry: Path, over_limit: str = "truncate") -> None:
+        self.manifest, self.over_limit = manifest, over_limit
+        self.tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
+        self.initial_state = load_initial_state(entry)
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.stream.limit
+
+    def new_state(self) -> Arrays:
+        return dict(self.initial_state)
+
+    def _check(self, state: Mapping[str, np.ndarray]) -> None:
+        check_reading(self.stream.reading(state), self.stream.limit, self.over_limit, self.manifest["name"])
 
 
 async def run_whole(

@@ -14,41 +14,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from models.decoding import BeamSearch, GreedySearch, Search, TokenCallback
 from models.summary_stream import SummaryStream
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.detokenize import Detokenizer, WordStream
-from service.runtime.pipeline import Arrays, Consumed, Finished, check_reading, cut_text, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, Finished, TextPipeline, cut_text
 
 
-class SummarizePipeline:
+class SummarizePipeline(TextPipeline):
     task = "summarize"
-    input_kind = "text"
-    row_width = None
     generated_text, generated_tokens = "summary", "summary_tokens"
 
     def __init__(self, manifest: Mapping[str, Any], entry: Path,
                  graphs: Mapping[str, DynamicBatcher | DecodeLoop], over_limit: str = "truncate") -> None:
-        self.manifest, self.over_limit = manifest, over_limit
+        super().__init__(manifest, entry, over_limit)
         self.settings = s = manifest["settings"]
         self.encode, self.decode = graphs["encode_window"], graphs["decode_step"]
         self.head = graphs.get("output_head")  # the output layer folded once per document, where exported
         assert isinstance(self.encode, DynamicBatcher) and isinstance(self.decode, DecodeLoop)
         assert self.head is None or isinstance(self.head, DynamicBatcher)
-        self.tokenizer = Tokenizer.from_file(str(entry / manifest["assets"]["tokenizer"]))
         self.detokenizer = Detokenizer(self.tokenizer)
         self.stream = SummaryStream(s, self.tokenizer)
-        self.initial_state = load_initial_state(entry)
-
-    @property
-    def max_tokens(self) -> int | None:
-        return self.stream.limit
-
-    def new_state(self) -> Arrays:
-        return dict(self.initial_state)
 
     # ---- reading the document ------------------------------------------------------------------
     async def consume(self, state: Mapping[str, np.ndarray], piece: str) -> Consumed:
@@ -60,9 +48,6 @@ class SummarizePipeline:
         result = {**self.stream.reading(new_state), "encoded_tokens": int(new_state["source_tokens"][0]),
                   "windows": int(new_state["segments_done"][0])}
         return Consumed(new_state, result, units_read=read - before, chunk=chunk, segments=len(windows))
-
-    def _check(self, state: Mapping[str, np.ndarray]) -> None:
-        check_reading(self.stream.reading(state), self.stream.limit, self.over_limit, self.manifest["name"])
 
     async def _encode(self, state: Arrays, windows: list) -> tuple[Arrays, Arrays | None]:
         parts: list[Arrays] = []

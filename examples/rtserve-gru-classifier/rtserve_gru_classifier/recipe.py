@@ -63,14 +63,17 @@ def train_main(argv: Sequence[str]) -> int:
     parser.add_argument("--data", required=True, help='training JSONL: {"text": ..., "label": ...} per line')
     parser.add_argument("--dev", help="JSONL scored after training (its accuracy goes into the checkpoint)")
     parser.add_argument("--out", required=True, help="checkpoint folder to write")
-    parser.add_argument("--segment-size", type=int, default=64, help="tokens per segment, [CLS] and [SEP] included")
-    parser.add_argument("--max-segments", type=int, default=16, help="segments read per document in training")
-    parser.add_argument("--hidden", type=int, default=64, help="GRU hidden size (the memory)")
-    parser.add_argument("--embed", type=int, default=64, help="token embedding size")
-    parser.add_argument("--epochs", type=int, default=10, help="passes over the training data")
-    parser.add_argument("--batch-size", type=int, default=16, help="documents per batch")
-    parser.add_argument("--lr", type=float, default=1e-2, help="learning rate (AdamW)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (initialisation, data order)")
+    for flag, default, text in [
+        ("--segment-size", 64, "tokens per segment, [CLS] and [SEP] included"),
+        ("--max-segments", 16, "segments read per document in training"),
+        ("--hidden", 64, "GRU hidden size (the memory)"),
+        ("--embed", 64, "token embedding size"),
+        ("--epochs", 10, "passes over the training data"),
+        ("--batch-size", 16, "documents per batch"),
+        ("--lr", 1e-2, "learning rate (AdamW)"),
+        ("--seed", 0, "random seed (initialisation, data order)"),
+    ]:
+        parser.add_argument(flag, type=type(default), default=default, help=text)
     args = parser.parse_args(list(argv))
     torch.manual_seed(args.seed)
     documents = read_jsonl(args.data)
