@@ -16,7 +16,8 @@ timed out) is retried up to ``retries`` times by sending the *same* request agai
 ``seq``. The server applies a ``seq`` at most once and answers a repeat from the stored result (``replayed``), and
 finish is idempotent, so a piece that did reach the server before the connection broke is not applied twice:
 exactly once. A retried ``POST /sessions`` may leave an unused session behind, which expires when idle. A stream
-is retried only before its first event.
+is retried only before its first event; one the server cannot complete once under way (e.g. its replica shut down)
+ends with an `error` event, raised as :class:`APIError` (a session's finish stream: finish again).
 
 Errors: any other 4xx/5xx raises :class:`APIError` with the server's ``detail``, ``errors``, ``expected_seq`` and
 ``request_id``. Defaults: ``RTSERVE_URL`` (else http://127.0.0.1:8000) and ``RTSERVE_API_KEY`` from the environment.
@@ -28,7 +29,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -113,6 +114,12 @@ class _SSE:
         return None
 
 
+def _stream_error(data: str) -> APIError:
+    """The `error` event that ends a stream the server could not complete (its body says why, with ``status``)."""
+    body = json.loads(data)
+    return APIError(int(body.get("status", 500)), body)
+
+
 class SummaryStream:
     """Iterates over the summary text as it arrives; ``result`` is the `done` answer once iteration ended."""
 
@@ -126,19 +133,26 @@ class SummaryStream:
                 yield json.loads(data)["text"]
             elif event == "done":
                 self.result = json.loads(data)
+            elif event == "error":
+                raise _stream_error(data)
 
 
 class AsyncSummaryStream:
-    def __init__(self, events: AsyncIterator[tuple[str, str]]) -> None:
+    def __init__(self, events: AsyncGenerator[tuple[str, str], None]) -> None:
         self._events = events
         self.result: dict[str, Any] | None = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        async for event, data in self._events:
-            if event == "token":
-                yield json.loads(data)["text"]
-            elif event == "done":
-                self.result = json.loads(data)
+        try:
+            async for event, data in self._events:
+                if event == "token":
+                    yield json.loads(data)["text"]
+                elif event == "done":
+                    self.result = json.loads(data)
+                elif event == "error":
+                    raise _stream_error(data)
+        finally:  # the connection closes now, not when the event loop collects the generator
+            await self._events.aclose()
 
 
 class Client:
@@ -296,7 +310,7 @@ class AsyncClient:
             await asyncio.sleep(_retry_after(response, attempt, self.backoff))
         raise AssertionError("unreachable")
 
-    async def _events(self, path: str, body: dict[str, Any]) -> AsyncIterator[tuple[str, str]]:
+    async def _events(self, path: str, body: dict[str, Any]) -> AsyncGenerator[tuple[str, str], None]:
         for attempt in range(self.retries + 1):
             try:
                 async with self.http.stream("POST", path, json=body,

@@ -26,10 +26,11 @@ from service.metrics import ServiceMetrics
 from service.middleware import BodyLimitMiddleware, RequestIdMiddleware, RequestMetricsMiddleware
 from service.routers import classify, docs, forecast, health, models, sessions, summarize
 from service.runtime.registry import ModelRegistry
-from service.schemas import TokenEvent
+from service.schemas import ErrorEvent, TokenEvent
 from service.session_flow import SessionFlow
 from service.sessions import SessionStore
 from service.settings import Settings
+from service.shutdown import Shutdown, ShutdownMiddleware
 from service.state_store import StateStore
 
 log = logging.getLogger("rtserve")
@@ -88,6 +89,7 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.shutdown = shutdown = Shutdown(settings.shutdown_drain_seconds, settings.shutdown_timeout_seconds)
     install_error_handlers(app)
     for router in (health.router, models.router, classify.router, summarize.router, forecast.router,
                    sessions.router, docs.router):
@@ -99,6 +101,7 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
                        read_timeout_seconds=settings.request_read_timeout_seconds)
     if settings.gzip_minimum_bytes > 0:  # Starlette never compresses text/event-stream
         app.add_middleware(GZipMiddleware, minimum_size=settings.gzip_minimum_bytes)
+    app.add_middleware(ShutdownMiddleware, shutdown=shutdown)  # inside CORS: a cut request's 503 has its headers
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID", "Accept"],
@@ -115,7 +118,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
                          tags=app.openapi_tags)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components["TokenEvent"] = TokenEvent.model_json_schema(ref_template="#/components/schemas/{model}")
+    for event in (TokenEvent, ErrorEvent):
+        event_schema = event.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(event_schema.pop("$defs", {}))
+        components[event.__name__] = event_schema
     for path in schema.get("paths", {}).values():
         for operation in path.values():
             answer = operation.get("responses", {}).get("422")

@@ -14,10 +14,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
+from service.middleware import route_template
 from service.runtime.pipeline import InputError
 from service.runtime.registry import UnknownModel
-from service.schemas import ErrorBody
+from service.schemas import PIECE_KINDS, ErrorBody
 from service.sessions import SequenceConflict, SessionFinished, SessionLimit, SessionNotFound
 from service.settings import Settings
 from service.state_store import StateStoreUnavailable
@@ -32,9 +34,11 @@ _WHY: dict[int, str] = {
     413: "Request body larger than `RTSERVE_MAX_BODY_BYTES`: send long inputs through a session.",
     422: "A field is missing or malformed (`errors` lists each), or input the model cannot take (too long, wrong "
          "row width, text for a forecast session, ...).",
-    429: "Too many sessions for this key, or pieces for this session.",
-    503: "Redis unreachable, busy or out of memory: the outcome is unknown; retry the same request (the same `seq` "
-         "is safe) after `Retry-After` seconds.",
+    429: "Too many live sessions for this key (finishing, deleting or idle expiry frees a place; `Retry-After` says "
+         "when the next one expires by itself), or too many pieces for this session.",
+    503: "Redis unreachable, busy or out of memory, or the replica shut down before the request finished: the "
+         "outcome is unknown; `detail` says what a retry does (a piece: the same `seq`, applied at most once). "
+         "Retry after `Retry-After` seconds.",
 }
 
 BODY = (400, 408, 413, 422)  # what any route with a request body can answer
@@ -94,7 +98,9 @@ def _error(request: Request, status: int, detail: str, headers: dict[str, str] |
 
 
 def _field_errors(error: RequestValidationError) -> list[dict[str, Any]]:
-    return [{"loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())],
+    # a piece's kind (PIECE_KINDS), which pydantic puts in its errors' locations, is not a field: left out
+    return [{"loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())
+                     if part not in PIECE_KINDS],
              "msg": str(item.get("msg", "")), "type": str(item.get("type", ""))} for item in error.errors()]
 
 
@@ -103,6 +109,53 @@ def _summary(errors: list[dict[str, Any]]) -> str:
     parts = [f"{'.'.join(str(p) for p in item['loc']) or 'request'}: {item['msg']}" for item in errors[:5]]
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
     return "invalid request: " + "; ".join(parts) + more
+
+
+# what a service error means over HTTP: one table, read by the one handler and by streams already under way
+STATUS: dict[type[Exception], int] = {
+    UnknownModel: 404, SessionNotFound: 404, InputError: 422, SequenceConflict: 409, SessionFinished: 409,
+    SessionLimit: 429, StateStoreUnavailable: 503,
+}
+
+# what retrying a request does, by route, for the answers whose outcome is unknown (503)
+_RETRY = {
+    ("POST", "/sessions"): "retry the create; if the first one did create a session, that session is left unused "
+                           "and expires when idle",
+    ("POST", "/sessions/{session_id}/segments"): "retry the same seq with the same content, which is always safe: "
+                                                 "it is applied at most once (a piece that did apply answers "
+                                                 "replayed: true)",
+    ("POST", "/sessions/{session_id}/finish"): "finish again, which is always safe: a finished session answers its "
+                                               "stored result",
+    ("DELETE", "/sessions/{session_id}"): "delete again (a 404 then means the first delete went through)",
+}
+
+
+def retry_advice(scope: Scope) -> str:
+    """What a client should do after an answer whose outcome is unknown, for the request's route."""
+    return _RETRY.get((scope.get("method", ""), route_template(scope)),
+                      "retry it after Retry-After seconds: it changes nothing on the server")
+
+
+def error_answer(error: Exception, scope: Scope) -> tuple[int, dict[str, Any], dict[str, str] | None]:
+    """Status, body (less ``request_id``) and headers answering ``error``, raised while serving ``scope``."""
+    status = next((code for kind, code in STATUS.items() if isinstance(error, kind)), 500)
+    body: dict[str, Any] = {"detail": str(error)}
+    headers: dict[str, str] | None = None
+    if isinstance(error, InputError) and error.loc is not None:
+        body["errors"] = [{"loc": list(error.loc), "msg": str(error), "type": error.kind}]
+    elif isinstance(error, SequenceConflict):
+        body["expected_seq"] = error.expected
+    elif isinstance(error, SessionLimit) and error.retry_after is not None:
+        headers = {"Retry-After": str(error.retry_after)}
+    elif isinstance(error, StateStoreUnavailable):
+        # A command may have reached Redis before the connection broke: the outcome is unknown, never
+        # "nothing was changed". What a retry does is the route's (retry_advice).
+        body["detail"] = f"session store unavailable: {error}. The outcome of this request is unknown: " + \
+            retry_advice(scope)
+        headers = {"Retry-After": "1"}
+    elif status == 500:
+        body["detail"] = f"internal error ({type(error).__name__}); quote the request id when reporting it"
+    return status, body, headers
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -122,43 +175,11 @@ def install_error_handlers(app: FastAPI) -> None:
             detail = f"{request.method} is not allowed on {request.url.path}: see /docs"
         return _error(request, error.status_code, detail, error.headers)
 
-    @app.exception_handler(UnknownModel)
-    async def unknown_model(request: Request, error: UnknownModel) -> JSONResponse:
-        return _error(request, 404, str(error.args[0]))
+    async def service_error(request: Request, error: Exception) -> JSONResponse:
+        status, body, headers = error_answer(error, request.scope)
+        return _error(request, status, headers=headers, **body)
 
-    @app.exception_handler(InputError)
-    async def bad_input(request: Request, error: InputError) -> JSONResponse:
-        return _error(request, 422, str(error))
-
-    @app.exception_handler(SessionNotFound)
-    async def no_session(request: Request, error: SessionNotFound) -> JSONResponse:
-        return _error(request, 404, str(error.args[0]))
-
-    @app.exception_handler(SequenceConflict)
-    async def conflict(request: Request, error: SequenceConflict) -> JSONResponse:
-        return _error(request, 409, str(error), expected_seq=error.expected)
-
-    @app.exception_handler(SessionFinished)
-    async def finished(request: Request, error: SessionFinished) -> JSONResponse:
-        return _error(request, 409, str(error))
-
-    @app.exception_handler(SessionLimit)
-    async def limit(request: Request, error: SessionLimit) -> JSONResponse:
-        return _error(request, 429, str(error))
-
-    @app.exception_handler(StateStoreUnavailable)
-    async def redis_down(request: Request, error: StateStoreUnavailable) -> JSONResponse:
-        # A command may have reached Redis before the connection broke: the outcome is unknown, never
-        # "nothing was changed". A retry is safe: the same seq is applied at most once (a piece that did
-        # apply comes back `replayed`), finish is idempotent, and a create that did happen expires idle.
-        return _error(
-            request, 503,
-            f"session store unavailable: {error}. The outcome of this request is unknown; retry it after "
-            "Retry-After seconds: retrying the same seq is always safe (it is applied at most once)",
-            {"Retry-After": "1"},
-        )
-
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, error: Exception) -> JSONResponse:
-        # Starlette's ServerErrorMiddleware calls this, then re-raises: uvicorn logs the traceback
-        return _error(request, 500, f"internal error ({type(error).__name__}); quote the request id when reporting it")
+    for kind in STATUS:
+        app.add_exception_handler(kind, service_error)
+    # Starlette's ServerErrorMiddleware calls this one, then re-raises: uvicorn logs the traceback
+    app.add_exception_handler(Exception, service_error)

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, StrictBool, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Strict,
+    StrictBool,
+    Tag,
+    WithJsonSchema,
+)
+from pydantic_core import PydanticCustomError
 
 Task = Literal["classify", "summarize", "forecast"]
 
@@ -18,10 +30,22 @@ MODEL_FIELD = Field(
 EXAMPLE_ROWS = [[5.827, 2.009, 1.599, 0.462, 4.203, 1.340, 30.531], [5.693, 2.076, 1.492, 0.426, 4.142, 1.371, 27.787]]
 VARIABLES = ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
 
-# JSON numbers only (a string "1.5" or a boolean is refused, never silently converted), within float32's range:
-# the models compute in float32, where a larger value is infinite.
+# JSON numbers only (a string "1.5" or a boolean is refused, never silently converted), finite (NaN refused), within
+# float32's range: the models compute in float32, where a larger value is infinite. Each forecaster takes a narrower
+# range still (GET /models: value_range), checked against the model.
 FLOAT32_MAX = 3.4028234663852886e38
-Number = Annotated[float, Strict(), Field(ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+
+
+def _within_float32(value: float) -> float:
+    if not -FLOAT32_MAX <= value <= FLOAT32_MAX:
+        raise PydanticCustomError(
+            "float32_range", "Input should be within float32's range, -3.4028235e+38 to 3.4028235e+38 (each "
+                             "forecaster takes a narrower one: GET /models, value_range)")
+    return value
+
+
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False), AfterValidator(_within_float32),
+                   WithJsonSchema({"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX})]
 
 
 def _json_integer(value: Any) -> Any:
@@ -88,7 +112,8 @@ class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(
         description="The document to classify, any length up to `RTSERVE_MAX_TEXT_CHARS` characters (longer: use "
-        "a session). Text without any token (empty) gives `label` null.",
+        "a session). Text the model reads no token of (empty, or only whitespace or control characters) is refused "
+        "(422).",
         examples=["The senator said on Monday that the bill would pass ..."],
     )
     model: str | None = MODEL_FIELD
@@ -123,7 +148,7 @@ class SummarizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(
         description="The document to summarize (the model reads its first `max_tokens` tokens, see `GET /models`). "
-        "Text without any token (empty) gives an empty summary.",
+        "Text the model reads no token of (empty, or only whitespace or control characters) is refused (422).",
         examples=["Shares in the bank rose 5% on Monday after it reported a rise in profits ..."],
     )
     model: str | None = Field(None, description="Model name or `name:version`; default: the task's default.",
@@ -205,8 +230,9 @@ class TextPiece(BaseModel):
     seq: Seq = Field(description="1 for the first piece, +1 per piece. A retry repeats the number "
                            "(and the content): it is answered from the stored result, never applied twice.",
                            examples=[1])
-    text: str = Field(description="Next piece of text (classify and summarize sessions); pieces may split words.",
-                      examples=["The senator said on Mon"])
+    text: str = Field(description="Next piece of text (classify and summarize sessions); pieces may split words, "
+                      "and a piece may be empty or only whitespace (finishing a session whose text has no token "
+                      "is refused).", examples=["The senator said on Mon"])
 
 
 class RowsPiece(BaseModel):
@@ -218,7 +244,21 @@ class RowsPiece(BaseModel):
                        examples=[EXAMPLE_ROWS])
 
 
-SegmentRequest = Annotated[TextPiece | RowsPiece, Field(description="`seq` and either `text` or `rows`.")]
+def _piece_kind(body: Any) -> str | None:
+    """Which piece a body is, by its fields: its errors are then about that piece only."""
+    if isinstance(body, dict):
+        return "RowsPiece" if "rows" in body else "TextPiece" if "text" in body else None
+    return type(body).__name__
+
+
+PIECE_KINDS = ("TextPiece", "RowsPiece")  # the tags pydantic puts in a piece's error locations (not fields)
+SegmentRequest = Annotated[
+    Annotated[TextPiece, Tag("TextPiece")] | Annotated[RowsPiece, Tag("RowsPiece")],
+    Discriminator(_piece_kind, custom_error_type="piece_missing",
+                  custom_error_message="send `seq` with `text` (classify and summarize sessions) or `rows` (forecast "
+                                       "sessions)"),
+    Field(description="`seq` and either `text` or `rows`."),
+]
 
 
 class SummarizeProgress(Reading):
@@ -279,6 +319,13 @@ class TokenEvent(BaseModel):
     text: str = Field(description="Text to append (whole words, with their leading space).", examples=[" shares"])
 
 
+class ErrorEvent(ErrorBody):
+    """`event: error` — the answer could not be completed after the stream began; the last event."""
+
+    status: int = Field(description="The HTTP status the error would have had before the stream began (503: "
+                        "retry as `detail` says).", examples=[503])
+
+
 # ---- models --------------------------------------------------------------------------------------------
 
 
@@ -298,6 +345,12 @@ class ModelInfo(BaseModel):
         examples=[["CPUExecutionProvider"]],
     )
     max_batch_size: int = Field(description="Largest batch the batcher forms for this model.", examples=[32])
+    value_range: dict[str, list[float]] | None = Field(
+        description="Forecasters: per variable, the lowest and highest value the model takes (its training mean "
+        "± 1e12 standard deviations, where its float32 arithmetic stays finite); a row outside is refused (422). "
+        "Null for text models.",
+        examples=[{"HUFL": [-5.8e12, 5.8e12], "OT": [-9.2e12, 9.2e12]}],
+    )
     max_tokens: int | None = Field(
         description="Most tokens of a document the model reads (text models); past it, `RTSERVE_OVER_LIMIT` decides: "
         "read the first tokens and answer `truncated: true`, or 422. Null for forecasters (their look-back slides).",

@@ -11,16 +11,26 @@ the connection), and the body middleware answers 408 to a body slower than that.
 
 With ``RTSERVE_WORKERS`` above 1, uvicorn's supervisor runs that many worker processes on the port, each built
 by :func:`worker_app` after :func:`service.workers.shared_by_workers` made what they share.
+
+SIGTERM and SIGINT go to the app's :class:`service.shutdown.Shutdown` first (:func:`drain_on_signals`): it drains,
+then hands the signal to uvicorn, whose shutdown stops accepting; the app cuts what outlives the grace. Each
+process serving requests (the one process, or every worker: the supervisor passes SIGTERM on to them) drains on
+its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing
+import signal
+from functools import partial
+from types import FrameType
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from sse_starlette.sse import AppStatus
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.app import create_app
@@ -28,6 +38,7 @@ from service.embedded_redis import die_with_parent
 from service.logs import configure_logging, uvicorn_log_config
 from service.metrics import ServiceMetrics
 from service.settings import Settings
+from service.shutdown import CUT_MARGIN_SECONDS, Shutdown
 from service.workers import MetricsDirError, shared_by_workers
 
 
@@ -84,6 +95,35 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
+def drain_on_signals(shutdown: Shutdown) -> None:
+    """Put ``shutdown`` in front of the SIGTERM and SIGINT handlers uvicorn installed: a signal starts the drain,
+    and uvicorn gets it when the drain ends (:meth:`Shutdown.begin`).
+
+    Called from uvicorn's app factory, which runs inside ``Server.serve`` on the event loop, after uvicorn put its
+    handlers in place. The handler only schedules work on the loop (``call_soon_threadsafe``, safe in a signal
+    handler); uvicorn restores the handlers it replaced when it stops.
+    """
+    loop = asyncio.get_running_loop()
+    AppStatus.disable_automatic_graceful_drain()  # sse-starlette would cancel every stream at the signal
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        uvicorn_handler = signal.getsignal(number)
+        if not callable(uvicorn_handler):
+            continue
+
+        def handle(signum: int, frame: FrameType | None, uvicorn_handler: Any = uvicorn_handler) -> None:
+            loop.call_soon_threadsafe(shutdown.begin, partial(uvicorn_handler, signum, None))
+
+        signal.signal(number, handle)
+
+
+def serving_app(settings: Settings, metrics: ServiceMetrics | None = None) -> FastAPI:
+    """The app of a process that serves requests, draining on SIGTERM (uvicorn's factory)."""
+    app = create_app(settings, metrics)
+    drain_on_signals(app.state.shutdown)
+    return app
+
+
 def worker_app() -> FastAPI:
     """The app of one worker among several (uvicorn's factory, called in the worker process)."""
     die_with_parent()
@@ -93,7 +133,7 @@ def worker_app() -> FastAPI:
     settings = Settings()  # the parent's environment, plus what shared_by_workers set
     configure_logging(settings.log_level, settings.log_format)
     HeaderTimeoutProtocol.configure(settings)
-    return create_app(settings, ServiceMetrics(multiprocess_dir=settings.metrics_dir))
+    return serving_app(settings, ServiceMetrics(multiprocess_dir=settings.metrics_dir))
 
 
 def run(host: str | None = None, port: int | None = None) -> None:
@@ -110,10 +150,12 @@ def run(host: str | None = None, port: int | None = None) -> None:
         access_log=False,  # the service writes its own (route templates, request ids): RTSERVE_ACCESS_LOG
         loop="uvloop",
         timeout_keep_alive=settings.keep_alive_timeout_seconds,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds),
+        # the grace runs from the end of the drain in both; the app cuts first and answers what it cut
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout_seconds + CUT_MARGIN_SECONDS),
     )
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), http=HeaderTimeoutProtocol.configure(settings), **options)
+        uvicorn.run(partial(serving_app, settings), factory=True, http=HeaderTimeoutProtocol.configure(settings),
+                    **options)
         return
     try:
         with shared_by_workers(settings):  # spawned, each worker reads it from the environment (worker_app)

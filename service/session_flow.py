@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.metrics import ServiceMetrics
-from service.runtime.pipeline import Finished, InputError
+from service.runtime.pipeline import Finished, InputError, reads_nothing
 from service.runtime.registry import LoadedModel, ModelRegistry
 from service.sessions import (
     SequenceConflict,
@@ -142,6 +142,10 @@ class SessionFlow:
         if meta.status == "finished":
             return Finishing(model, meta, Finished(last_result or {}), replayed=True)
         finished = await model.finish(state, chunks, last_result, stream=stream, options=options)
+        if reads_nothing(finished.result):
+            raise InputError(f"session {session_id} has no text the model reads (its pieces are empty, or only "
+                             "whitespace or control characters): send the document's text in pieces, then finish; "
+                             "the session stays open")
         if finished.tokens is None:
             return Finishing(model, await self._store_final(meta, finished.result), finished)
         finishing = Finishing(model, meta, finished)

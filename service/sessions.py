@@ -5,15 +5,16 @@ Keys of one session share one hash slot (``<prefix>:{<id>}:...``):
 - ``meta``   hash: model, task, owner, quota (the index it counts in), seq (last applied), created, deadline,
              consumed, segments, state_bytes (bounded state), chunk_bytes (appended state), piece_sha (hash of
              the last applied piece), status (open | finished)
-- ``state``  safetensors bytes of the bounded state
-- ``result`` JSON of the result of the last applied piece (returned again on a retry)
-- ``chunks`` list of safetensors blobs, append-only (state that grows, e.g. SRformer's per-window keys/values)
+- ``state``  safetensors bytes of the bounded state (dropped at finish)
+- ``result`` JSON of the result of the last applied piece (returned again on a retry); after finish, the final one
+- ``chunks`` list of safetensors blobs, append-only (state that grows, e.g. SRformer's per-window keys/values;
+             dropped at finish)
 - ``lock``   short-lived marker of the replica applying the next piece
 
 Two indexes live outside the session's slot, both sorted sets scored by the
 time each session goes idle-expired: ``<prefix>:owner:<quota>:sessions``
-(sessions per API key, or per client address without keys: the quota) and
-the live index of open sessions per model, from which every replica reads the
+(open sessions per API key, or per client address without keys: the quota)
+and the live index of open sessions per model, from which every replica reads the
 same active-session count: ``<prefix>:live:<model>`` on one Redis server, or,
 on a Redis Cluster (``RTSERVE_REDIS_CLUSTER``), 16 shards
 ``<prefix>:live:<model>:<n>`` (n = CRC32 of the session id mod 16), so that the
@@ -35,7 +36,10 @@ A create first reserves its place in the quota index (``QUOTA_SCRIPT``: prune,
 count, add, atomically, so parallel creates cannot overshoot), then writes
 meta and state in one script (``CREATE_SCRIPT``) pipelined with the live
 index. A session therefore never exists outside the quota index; a create
-that fails after its reservation removes what it may have written.
+that fails after its reservation removes what it may have written. Finishing
+takes the session out of both indexes (its place in the quota frees at once)
+and drops its state: a finished session only answers again what it stored,
+for the idle TTL.
 
 The lock is a lease of ``RTSERVE_SESSION_LOCK_SECONDS``, refreshed while the
 step runs: a replica that dies holding it stalls the session for at most one
@@ -59,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import secrets
 import time
 import zlib
@@ -78,12 +83,15 @@ from service.tensor_codec import decode_tensors, encode_tensors
 
 QUOTA_SCRIPT = """
 -- KEYS: the quota index; ARGV: now, limit, session id, idle expiry
--- Drops expired members, then adds the session if fewer than limit remain. Returns the count before, or -1.
+-- Drops expired members, then adds the session if fewer than limit remain. Returns {count before}, or
+-- {-1, the earliest idle expiry among the members} when the quota is full.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 local count = redis.call('ZCARD', KEYS[1])
-if count >= tonumber(ARGV[2]) then return -1 end
+if count >= tonumber(ARGV[2]) then
+  return {-1, redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]}
+end
 redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
-return count
+return {count}
 """
 
 CREATE_SCRIPT = """
@@ -147,16 +155,17 @@ return {1, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
 
 FINISH_SCRIPT = """
--- KEYS: meta, result; ARGV: seq it was computed at, result, ttl
+-- KEYS: meta, result, state, chunks; ARGV: seq it was computed at, result, ttl
 -- Returns {outcome, meta fields, meta ttl}: 1 finished now, 2 already finished, 0 a piece came in between,
--- -1 session gone.
+-- -1 session gone. A finished session only answers again what it stored: its state and chunks are dropped.
 local current = redis.call('HGET', KEYS[1], 'seq')
 if not current then return {-1} end
 if tonumber(current) ~= tonumber(ARGV[1]) then return {0} end
 local outcome = 2
 if redis.call('HGET', KEYS[1], 'status') ~= 'finished' then
-  redis.call('HSET', KEYS[1], 'status', 'finished')
+  redis.call('HSET', KEYS[1], 'status', 'finished', 'state_bytes', 0, 'chunk_bytes', 0)
   redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+  redis.call('DEL', KEYS[3], KEYS[4])
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   outcome = 1
 end
@@ -185,7 +194,12 @@ class SequenceConflict(RuntimeError):
 
 
 class SessionLimit(RuntimeError):
-    """Too many sessions for a key or pieces for a session (HTTP 429)."""
+    """Too many sessions for a key or pieces for a session (HTTP 429); ``retry_after``: seconds until a place frees
+    by itself, when one will."""
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class SessionFinished(RuntimeError):
@@ -289,9 +303,14 @@ class SessionStore:
         limit = self.settings.max_sessions_per_key
         with self.store.unavailable_as_error(), self.metrics.time_redis("create"):
             held = await self._quota(keys=[self._owner_key(quota)], args=[now, limit, session_id, now + ttl])
-        if int(held) < 0:
+        if int(held[0]) < 0:
             who = "this API key" if quota == owner else "this client address"
-            raise SessionLimit(f"{who} holds {limit} live sessions, the limit: finish or DELETE some first")
+            frees_in = max(1, math.ceil(float(held[1]) - now))
+            raise SessionLimit(
+                f"{who} holds {limit} live sessions, the limit (RTSERVE_MAX_SESSIONS_PER_KEY): a place frees when one "
+                f"of them is finished (POST /sessions/{{id}}/finish) or deleted (DELETE /sessions/{{id}}); left idle, "
+                f"the next one expires in {frees_in} s", retry_after=frees_in,
+            )
         try:
             with self.store.unavailable_as_error(), self.metrics.time_redis("create"):
                 pairs = [str(item) for field in fields.items() for item in field]
@@ -355,13 +374,13 @@ class SessionStore:
                 if with_chunks:
                     pipe.lrange(keys["chunks"], 0, -1)
                 fields, ttl, blob, result, *chunks = await pipe.execute()
-        if not fields or blob is None:
+        if not fields:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         meta = SessionMeta.from_hash(session_id, fields, ttl)
-        if meta.owner != owner:
+        if meta.owner != owner or (blob is None and meta.status != "finished"):
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         decoded = [decode_tensors(chunk) for chunk in chunks[0]] if chunks else []
-        return meta, decode_tensors(blob), (orjson.loads(result) if result else None), decoded
+        return meta, _state(blob), (orjson.loads(result) if result else None), decoded
 
     async def begin(
         self, session_id: str, owner: str, seq: int
@@ -378,13 +397,13 @@ class SessionStore:
         with self.store.unavailable_as_error(), self.metrics.time_redis("begin"):
             reply = await self._begin(keys=[keys["meta"], keys["state"], keys["result"], keys["lock"]],
                                       args=[seq, owner, token, self.lock_ms])
-        if not reply or reply[2] is None:
+        if not reply:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         fields, ttl, blob, result, locked = reply
         meta = SessionMeta.from_hash(session_id, fields, int(ttl))
-        if meta.owner != owner:
+        if meta.owner != owner or (blob is None and meta.status != "finished"):
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
-        return meta, decode_tensors(blob), (orjson.loads(result) if result else None), token if locked else None
+        return meta, _state(blob), (orjson.loads(result) if result else None), token if locked else None
 
     async def release(self, session_id: str, token: str) -> None:
         with self.store.unavailable_as_error():
@@ -419,7 +438,8 @@ class SessionStore:
         return outcome, (SessionMeta.from_hash(meta.id, reply[1], int(reply[2])) if outcome == 1 else None)
 
     async def finish(self, meta: SessionMeta, result: Mapping[str, Any]) -> tuple[int, SessionMeta | None]:
-        """Mark the session finished with its final result, and drop it from the live index.
+        """Mark the session finished with its final result (dropping its state), then take it out of the live
+        index and its quota: a finished session no longer counts against its key.
 
         Returns (outcome, its meta after it): 1 finished now, 2 already finished, 0 a piece came in
         between, -1 session gone (meta None for the last two).
@@ -427,14 +447,12 @@ class SessionStore:
         keys = self._keys(meta.id)
         args = [meta.seq, orjson.dumps(result), self._ttl(meta.deadline)]
         with self.store.unavailable_as_error(), self.metrics.time_redis("finish"):
-            idle_expiry = time.time() + self._ttl(meta.deadline)
-            reply = await self._script_with(
-                self._finish, [keys["meta"], keys["result"]], args,
-                lambda pipe: pipe.zadd(self._owner_key(meta.quota), {meta.id: idle_expiry}, xx=True),
-            )
+            reply = await self._finish(keys=[keys["meta"], keys["result"], keys["state"], keys["chunks"]], args=args)
             outcome = int(reply[0])
-            if outcome == 1:
-                await self.redis.zrem(self._live_key(meta.model, meta.id), meta.id)
+            if outcome in (1, 2):  # outside the session's hash slot: after the script, only once it finished
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.zrem(self._live_key(meta.model, meta.id), meta.id).zrem(self._owner_key(meta.quota), meta.id)
+                    await pipe.execute()
         return outcome, (SessionMeta.from_hash(meta.id, reply[1], int(reply[2])) if outcome in (1, 2) else None)
 
     async def _script_with(self, script: Any, keys: list[str], args: list[Any], also: Callable[[Any], Any]) -> Any:
@@ -508,3 +526,8 @@ class SessionStore:
                 return
             await asyncio.sleep(min(pause, lease_ms / 1000 + 0.001))
             pause = min(pause * 2, 0.1)
+
+
+def _state(blob: bytes | None) -> Arrays:
+    """The stored state; none for a finished session, which only answers again what it stored."""
+    return decode_tensors(blob) if blob is not None else {}

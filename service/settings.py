@@ -123,7 +123,15 @@ class Settings(BaseSettings):
     keep_alive_timeout_seconds: float = Field(
         5.0, gt=0, description="An idle keep-alive connection is closed after this long."
     )
-    shutdown_timeout_seconds: float = Field(10.0, ge=0, description="Grace period for in-flight requests.")
+    shutdown_drain_seconds: float = Field(
+        0.0, ge=0, description="On SIGTERM, how long /readyz answers 503 (draining) while requests are still accepted "
+        "and served, before the service stops accepting: time for load balancers to stop routing here. 0: stop "
+        "accepting at once.",
+    )
+    shutdown_timeout_seconds: float = Field(
+        10.0, ge=0, description="After the drain, how long requests in flight (streams included) have to finish; "
+        "what is still running then is answered 503 (a stream: an `error` event).",
+    )
     workers: int = Field(
         1, ge=1, description="Worker processes serving one port, each a whole replica (models, batcher), sharing "
         "one Redis and one metrics folder: for CPU hosts with more cores than one process keeps busy (on 2 cores "

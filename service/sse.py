@@ -1,4 +1,6 @@
-"""Server-Sent Events for summaries: `token` events with the text as it is generated, then `done` with the answer.
+"""Server-Sent Events for summaries: `token` events with the text as it is generated, then `done` with the answer;
+or, when the answer cannot be completed once the stream is under way, an `error` event (the error body the request
+would have had, with its `status`) as the last event. A stream never ends without one of the two.
 
 The OpenAPI declaration (:func:`sse_content`) names the events the way OpenAPI 3.2 describes sequential media
 types: ``itemSchema`` is the schema of one event (``event`` and ``data``, the data being JSON text whose schema is
@@ -8,14 +10,19 @@ types: ``itemSchema`` is the schema of one event (``event`` and ``data``, the da
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
 from pydantic import BaseModel
+from sse_starlette.event import ServerSentEvent
 
+from service.errors import error_answer
 from service.metrics import ServiceMetrics
+
+log = logging.getLogger("rtserve")
 
 
 def wants_event_stream(request: Request, stream_flag: bool) -> bool:
@@ -38,12 +45,14 @@ def sse_content(done_schema: str) -> dict[str, Any]:
     one_event = {"oneOf": [
         event("token", "TokenEvent", "The next piece of summary text."),
         event("done", done_schema, "The whole answer, as the JSON answer would hold it; the last event."),
+        event("error", "ErrorEvent", "The answer could not be completed (e.g. the replica shut down, the session "
+              "store failed): the error body the request would have had, with its `status`; the last event."),
     ]}
     return {
         "text/event-stream": {
             # OpenAPI 3.2: `schema` is the whole stream (its events, in order), `itemSchema` one event
             "schema": {"type": "array", "items": one_event,
-                       "description": "Server-Sent Events: `token` events, then one `done`."},
+                       "description": "Server-Sent Events: `token` events, then one `done` (or one `error`)."},
             "itemSchema": one_event,
             "example": 'event: token\r\ndata: {"text": "Shares"}\r\n\r\nevent: token\r\ndata: {"text": " in the bank '
                        'rose 5%."}\r\n\r\nevent: done\r\ndata: {"summary": "Shares in the bank rose 5%.", ...}\r\n\r\n',
@@ -79,15 +88,34 @@ class GenerationMeter:
         self.metrics.generated_tokens.labels(model=self.model).inc(summary_tokens)
 
 
+def error_event(status: int, body: dict[str, Any]) -> dict[str, str]:
+    """The `error` event: the error body (``detail``, ``request_id``, ...) plus the ``status`` it would have had."""
+    return {"event": "error", "data": json.dumps({"status": status, **body})}
+
+
+def error_event_bytes(status: int, body: dict[str, Any]) -> bytes:
+    """:func:`error_event` as sse-starlette writes events on the wire."""
+    return ServerSentEvent(**error_event(status, body)).encode()
+
+
 async def summary_events(
-    tokens: AsyncIterator[str], done: Callable[[], Awaitable[BaseModel]], meter: GenerationMeter | None = None,
+    request: Request, tokens: AsyncIterator[str], done: Callable[[], Awaitable[BaseModel]],
+    meter: GenerationMeter | None = None,
 ) -> AsyncIterator[dict[str, str]]:
-    """`token` events from ``tokens``, then `done` with the answer ``done()`` builds once they are all out."""
-    async for token in tokens:
-        if meter is not None:
-            meter.first_token()
-        yield {"event": "token", "data": json.dumps({"text": token})}
-    answer = await done()
+    """`token` events from ``tokens``, then `done` with the answer ``done()`` builds once they are all out, or an
+    `error` event when either fails (the status is sent already: the error can only be told as an event)."""
+    try:
+        async for token in tokens:
+            if meter is not None:
+                meter.first_token()
+            yield {"event": "token", "data": json.dumps({"text": token})}
+        answer = await done()
+    except Exception as error:
+        status, body, _ = error_answer(error, request.scope)
+        if status == 500:
+            log.exception("summary stream failed")
+        yield error_event(status, {**body, "request_id": getattr(request.state, "request_id", None)})
+        return
     if meter is not None:
         meter.done(int(getattr(answer, meter.counted, 0)))
     yield {"event": "done", "data": answer.model_dump_json()}

@@ -35,11 +35,13 @@ def random_pieces(items: list, rng: Any, max_piece: int) -> list[list]:
 
 
 def start_rtserve(settings: dict[str, str], port: int, output: int | IO[str] | None = subprocess.DEVNULL,
-                  ready_path: str = "/readyz", timeout: float = 60) -> subprocess.Popen:
+                  ready_path: str = "/readyz", timeout: float = 60,
+                  command: tuple[str, ...] = ("rtserve.cli", "serve")) -> subprocess.Popen:
     """``rtserve serve`` as a user runs it, in its own process, with the ``RTSERVE_*`` variables of ``settings``
-    only (none inherited); returns once ``ready_path`` answers 200. Fails the test if the process exits first."""
+    only (none inherited); returns once ``ready_path`` answers 200. Fails the test if the process exits first.
+    ``command``: the module to run and its arguments (``--port`` is added)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")} | settings
-    process = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(port)], env=env,
+    process = subprocess.Popen([sys.executable, "-m", *command, "--port", str(port)], env=env,
                                stdout=output, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

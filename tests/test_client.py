@@ -76,6 +76,30 @@ def test_one_shot_calls_streams_and_errors(server):
     assert error.value.status == 401
 
 
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_stream_ended_by_an_error_event_raises_its_error_after_the_text_before_it(kind):
+    events = ('event: token\r\ndata: {"text": "Shares rose"}\r\n\r\nevent: error\r\ndata: {"status": 503, '
+              '"detail": "this replica is shutting down", "request_id": "r-1"}\r\n\r\n')
+
+    def answer(request):
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events.encode())
+
+    seen = []
+    with pytest.raises(APIError) as error:
+        if kind == "sync":
+            with Client("http://rtserve.test", transport=httpx.MockTransport(answer)) as client:
+                seen.extend(client.summarize_stream("text"))
+        else:
+            async def read():
+                async with AsyncClient("http://rtserve.test", transport=httpx.MockTransport(answer)) as client:
+                    async for text in client.summarize_stream("text"):
+                        seen.append(text)
+
+            asyncio.run(read())
+    assert seen == ["Shares rose"]
+    assert error.value.status == 503 and error.value.request_id == "r-1" and "shutting down" in error.value.detail
+
+
 def test_session_numbers_pieces_and_a_lost_answer_is_retried_exactly_once(server):
     url, _ = server
     transport = LoseAnswers("/segments", times=2)

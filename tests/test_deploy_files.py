@@ -184,6 +184,29 @@ def test_nginx_balances_over_every_replica_and_passes_sse_through_unbuffered():
     assert re.search(r"server rtserve:8000 resolve;", text)
     assert "proxy_buffering off;" in text and "proxy_http_version 1.1;" in text
     assert "X-Forwarded-For" in text
+    keepalive = float(re.search(r"keepalive_timeout (\d+)s;", text).group(1))
+    for service in replicas(configs()["gpu"]).values():  # nginx lets go of an idle connection before the replica
+        assert keepalive < float(service["environment"].get("RTSERVE_KEEP_ALIVE_TIMEOUT_SECONDS", 5.0))
+
+
+def test_nginx_resends_a_503_to_another_replica_except_a_create_that_reached_one():
+    text = (ROOT / "deploy" / "nginx.conf").read_text()
+    server = text[text.index("server {"):]
+    assert re.search(r"^        proxy_next_upstream error timeout http_503 non_idempotent;", server, re.M)
+    create = server[server.index("location = /sessions {"):]
+    create = create[: create.index("}")]
+    assert "proxy_next_upstream error timeout;" in create  # POST: only when it never reached a replica
+
+
+def test_compose_gives_a_stopping_replica_its_drain_and_grace_before_sigkill():
+    from service.shutdown import CUT_MARGIN_SECONDS
+
+    for service in replicas(configs()["gpu"]).values():
+        environment = service["environment"]
+        drain = float(environment["RTSERVE_SHUTDOWN_DRAIN_SECONDS"])
+        grace = float(environment["RTSERVE_SHUTDOWN_TIMEOUT_SECONDS"])
+        stop = float(service["stop_grace_period"].removesuffix("s"))
+        assert drain > 0 and stop >= drain + grace + CUT_MARGIN_SECONDS + 2
     for service in replicas(configs()["gpu"]).values():
         assert service["environment"]["FORWARDED_ALLOW_IPS"] == "*"  # uvicorn takes the client address from it
         assert "ports" not in service  # reachable through nginx only

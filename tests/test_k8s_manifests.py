@@ -69,18 +69,23 @@ def test_the_deployment_asks_for_a_gpu_and_probes_real_routes():
         assert container[probe]["httpGet"]["port"] == container["ports"][0]["name"]
 
 
-def test_the_grace_period_covers_prestop_and_the_services_own_drain():
-    """SIGTERM comes after preStop; uvicorn then waits RTSERVE_SHUTDOWN_TIMEOUT_SECONDS for in-flight requests
-    (service/server.py) and closes models and Redis: the kubelet's SIGKILL must come after all of it."""
+def test_the_grace_period_covers_the_services_own_drain_grace_and_close():
+    """On SIGTERM the service drains (RTSERVE_SHUTDOWN_DRAIN_SECONDS), gives requests in flight
+    RTSERVE_SHUTDOWN_TIMEOUT_SECONDS, answers what is left before uvicorn's own deadline (CUT_MARGIN_SECONDS later)
+    and closes models and Redis: the kubelet's SIGKILL must come after all of it. No preStop sleep adds a second
+    drain before the SIGTERM."""
     from service.settings import Settings
+    from service.shutdown import CUT_MARGIN_SECONDS
 
     resources = by_kind()
     pod = resources["Deployment"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    command = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert command[0] == "sleep"
-    shutdown = float(resources["ConfigMap"]["data"]["RTSERVE_SHUTDOWN_TIMEOUT_SECONDS"])
-    assert pod["terminationGracePeriodSeconds"] >= float(command[1]) + shutdown + 5
+    assert "preStop" not in container.get("lifecycle", {})
+    settings = resources["ConfigMap"]["data"]
+    drain = float(settings["RTSERVE_SHUTDOWN_DRAIN_SECONDS"])
+    grace = float(settings["RTSERVE_SHUTDOWN_TIMEOUT_SECONDS"])
+    assert drain >= 5  # kube-proxy and ingress controllers take seconds to drop a terminating pod
+    assert pod["terminationGracePeriodSeconds"] >= drain + grace + CUT_MARGIN_SECONDS + 5
     unknown = [name for name in {**resources["ConfigMap"]["data"], **resources["Secret"]["stringData"]}
                if name.removeprefix("RTSERVE_").lower() not in Settings.model_fields]
     assert not unknown, f"not settings: {unknown}"

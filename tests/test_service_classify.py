@@ -81,16 +81,29 @@ def test_session_state_stays_bounded_as_the_document_grows(client):
     assert max(sizes) == min(sizes), sizes
 
 
-def test_empty_text_has_no_label_and_oversized_or_non_string_text_is_refused(client, repository, redis_url,
-                                                                                key_prefix):
-    empty = client.post("/classify", json={"text": ""})  # the schema allows it: the answer says "nothing read"
-    assert empty.status_code == 200 and empty.json()["label"] is None and empty.json()["segments"] == 0
+def test_text_without_a_token_oversized_or_non_string_text_is_refused(client, repository, redis_url, key_prefix):
+    for text in ("", " \n\t  ", "\u0000\u0000\u0000"):  # empty, whitespace, NUL: nothing to classify
+        empty = client.post("/classify", json={"text": text})
+        assert empty.status_code == 422 and empty.json()["errors"][0]["loc"] == ["body", "text"], empty.text
+        assert "no token the model reads" in empty.json()["detail"]
     wrong = client.post("/classify", json={"text": 5})
     assert wrong.status_code == 422 and isinstance(wrong.json()["detail"], str)
     assert wrong.json()["errors"][0]["loc"] == ["body", "text"] and wrong.json()["request_id"]
     with make_client(repository[0], redis_url, key_prefix, max_text_chars=100) as small:
         response = small.post("/classify", json={"text": "word " * 50})
         assert response.status_code == 422 and "limit is 100" in response.json()["detail"]
+
+
+def test_empty_pieces_are_taken_but_a_session_without_a_token_is_not_finished(client):
+    session = client.post("/sessions", json={"task": "classify"}).json()["id"]
+    for seq, piece in enumerate(("", "   ", "\u0000\n"), start=1):  # a piece may be any cut of the document
+        assert client.post(f"/sessions/{session}/segments", json={"seq": seq, "text": piece}).status_code == 200
+    empty = client.post(f"/sessions/{session}/finish")
+    assert empty.status_code == 422 and "no text the model reads" in empty.json()["detail"], empty.text
+    assert client.get(f"/sessions/{session}").json()["status"] == "open"  # still open: send the text, then finish
+    assert client.post(f"/sessions/{session}/segments", json={"seq": 4, "text": "The senator said"}).status_code == 200
+    finished = client.post(f"/sessions/{session}/finish")
+    assert finished.status_code == 200 and finished.json()["label"] is not None
 
 
 async def test_documents_of_different_lengths_share_segment_batches(repository):

@@ -57,6 +57,49 @@ def test_short_series_says_rows_needed_and_ragged_or_empty_series_are_refused(cl
     assert client.post("/forecast", json={"rows": []}).status_code == 422
 
 
+def test_rows_outside_the_models_range_are_422_naming_the_value_and_a_200_never_holds_null(client):
+    described = {m["name"]: m for m in client.get("/models").json()}["rsa-tiny"]
+    low, high = described["value_range"]["MUFL"]  # the training mean ± 1e12 standard deviations
+    assert low < -1e11 and high > 1e11 and described["value_range"].keys() == set(VARIABLES)
+    rows = series(np.random.default_rng(), LOOKBACK)
+    overflowing = [[3e38] * len(VARIABLES)] * LOOKBACK  # within float32, but not what the model's arithmetic carries
+    just_outside = [list(row) for row in rows]
+    just_outside[5][2] = high * 1.01
+    session = client.post("/sessions", json={"task": "forecast"}).json()["id"]
+    for refused in (client.post("/forecast", json={"rows": overflowing}),
+                    client.post("/forecast", json={"rows": just_outside}),
+                    client.post(f"/sessions/{session}/segments", json={"seq": 1, "rows": just_outside})):
+        assert refused.status_code == 422, refused.text
+        (error,) = refused.json()["errors"]
+        assert error["loc"][:2] == ["body", "rows"] and error["type"] == "value_range"
+        assert "outside what this model takes" in refused.json()["detail"] and "value_range" in refused.json()["detail"]
+    assert client.post("/forecast", json={"rows": just_outside}).json()["errors"][0]["loc"] == ["body", "rows", 5, 2]
+    assert client.get(f"/sessions/{session}").json()["seq"] == 0  # nothing applied
+    inside = [list(row) for row in rows]
+    inside[5][2] = high * 0.5
+    answer = client.post("/forecast", json={"rows": inside})
+    assert answer.status_code == 200 and np.isfinite(np.asarray(answer.json()["forecast"], dtype=float)).all()
+
+
+def test_each_malformed_number_is_a_422_that_names_its_field_and_rule(client):
+    json_body = {"content-type": "application/json"}
+    number = '[[%s, 1, 1, 1, 1, 1, 1]]'
+    for text, rule in (("NaN", "finite number"), ("Infinity", "finite number"), ("1" + "0" * 5000, "finite number"),
+                       ("1e39", "float32's range")):
+        answer = client.post("/forecast", content=f'{{"rows": {number % text}}}', headers=json_body)
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["errors"][0]["loc"] == ["body", "rows", 0, 0] and rule in answer.json()["detail"]
+    session = client.post("/sessions", json={"task": "forecast"}).json()["id"]
+    piece = client.post(f"/sessions/{session}/segments", json={"seq": 1, "rows": [["x", 1, 1, 1, 1, 1, 1]]})
+    assert piece.status_code == 422
+    assert [e["loc"] for e in piece.json()["errors"]] == [["body", "rows", 0, 0]]  # about rows only, never text
+    huge_seq = client.post(f"/sessions/{session}/segments", content='{"seq": 1%s, "rows": [[1, 1, 1, 1, 1, 1, 1]]}'
+                           % ("0" * 5000), headers=json_body)
+    assert huge_seq.status_code == 422 and huge_seq.json()["errors"][0]["loc"] == ["body", "seq"]
+    neither = client.post(f"/sessions/{session}/segments", json={"seq": 1})
+    assert neither.status_code == 422 and "`text`" in neither.json()["detail"] and "`rows`" in neither.json()["detail"]
+
+
 def test_unknown_model_is_404(client):
     response = client.post("/forecast", json={"rows": [[0.0] * 7], "model": "nope"})
     assert response.status_code == 404 and "no model named 'nope'" in response.json()["detail"]

@@ -133,11 +133,40 @@ def test_sessions_per_key_and_pieces_per_session_beyond_their_limits_are_429(rep
         assert codes == [200, 200, 429]
 
 
+def test_finishing_or_deleting_a_session_frees_its_place_in_the_quota(repository, redis_url, key_prefix):
+    admin = sync_redis.Redis.from_url(redis_url)
+    with make_client(repository[0], redis_url, key_prefix, max_sessions_per_key=2, api_keys=["dana"]) as client:
+        key = {"X-API-Key": "dana"}
+        first, second = (client.post("/sessions", json={"task": "forecast"}, headers=key).json() for _ in range(2))
+        full = client.post("/sessions", json={"task": "forecast"}, headers=key)
+        assert full.status_code == 429 and int(full.headers["retry-after"]) > 0
+        assert "finished" in full.json()["detail"] and "deleted" in full.json()["detail"]
+        rows = series(np.random.default_rng(), 40)
+        url = f"/sessions/{first['id']}"
+        assert client.post(f"{url}/segments", json={"seq": 1, "rows": rows}, headers=key).status_code == 200
+        finished = client.post(f"{url}/finish", headers=key).json()
+        third = client.post("/sessions", json={"task": "forecast"}, headers=key)
+        assert third.status_code == 201, third.text  # the finished one no longer counts
+        assert client.delete(f"/sessions/{second['id']}", headers=key).status_code == 204
+        assert client.post("/sessions", json={"task": "forecast"}, headers=key).status_code == 201
+        assert client.post("/sessions", json={"task": "forecast"}, headers=key).status_code == 429
+        # a finished session keeps only what it answers again: its state is gone, its answers replay
+        assert not admin.exists(f"{key_prefix}:{{{first['id']}}}:state", f"{key_prefix}:{{{first['id']}}}:chunks")
+        assert finished["session"]["state_bytes"] == 0
+        again = client.post(f"{url}/finish", headers=key).json()
+        assert again["forecast"] == finished["forecast"]
+        replayed = client.post(f"{url}/segments", json={"seq": 1, "rows": rows}, headers=key)
+        assert replayed.status_code == 200 and replayed.json()["replayed"] is True
+        assert replayed.json()["result"]["forecast"] == finished["forecast"]
+
+
 def test_creating_a_session_while_redis_is_down_is_503_with_retry_after(repository):
     with make_client(repository[0], "redis://127.0.0.1:1/0", "x", redis_timeout_seconds=0.3) as client:
         response = client.post("/sessions", json={"task": "forecast"})
         assert response.status_code == 503 and response.headers["Retry-After"]
-        assert "outcome of this request is unknown" in response.json()["detail"]
+        detail = response.json()["detail"]
+        assert "outcome of this request is unknown" in detail and "retry the create" in detail
+        assert "seq" not in detail  # a create has none
 
 
 def test_an_idle_session_expires_after_its_ttl_and_leaves_no_keys(repository, redis_url, key_prefix):

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.errors import BODY, check_text, responses
+from service.json_body import JSONBodyRoute
 from service.routers.one_shot import OneShotDep
 from service.runtime.pipeline import run_whole
 from service.schemas import ClassifyRequest, ClassifyResponse
 
-router = APIRouter(tags=["classify"])
+router = APIRouter(tags=["classify"], route_class=JSONBodyRoute)
 
 
 @router.post(

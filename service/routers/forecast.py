@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.errors import BODY, check_rows, responses
+from service.json_body import JSONBodyRoute
 from service.routers.one_shot import OneShotDep
 from service.runtime.pipeline import run_whole
 from service.schemas import ForecastRequest, ForecastResponse
 
-router = APIRouter(tags=["forecast"])
+router = APIRouter(tags=["forecast"], route_class=JSONBodyRoute)
 
 
 @router.post(

@@ -20,7 +20,8 @@ class Health(BaseModel):
 
 
 class Readiness(BaseModel):
-    status: str = Field(description="`ready` or `unavailable`.", examples=["ready"])
+    status: str = Field(description="`ready`, `unavailable`, or `draining` (shutting down: still serving what it is "
+                        "sent, but send nothing new).", examples=["ready"])
     redis: str = Field(description="`ok` or why Redis cannot be used.", examples=["ok"])
     models_loaded: int = Field(description="How many models are loaded and can serve.", examples=[5])
     models_expected: int = Field(description="How many models the repository holds.", examples=[5])
@@ -43,8 +44,8 @@ async def healthz() -> Health:
     response_model=Readiness,
     summary="Redis is reachable and accepts writes, and every model in the repository is loaded",
     description="A readiness probe: 200 when the service can serve, 503 (with `Retry-After`) and the reason "
-    "otherwise. Needs no key.",
-    responses={503: {"model": Readiness, "description": "Not ready: see `redis` and `models_loaded`."}},
+    "otherwise; 503 `draining` from the moment the process is told to stop (SIGTERM). Needs no key.",
+    responses={503: {"model": Readiness, "description": "Not ready: see `status`, `redis` and `models_loaded`."}},
 )
 async def readyz(request: Request, response: Response, store: StoreDep) -> Readiness:
     warnings: list[str] = []
@@ -56,13 +57,14 @@ async def readyz(request: Request, response: Response, store: StoreDep) -> Readi
     registry = getattr(request.app.state, "registry", None)
     loaded = registry.loaded_count() if registry is not None else 0
     expected = registry.expected_count() if registry is not None else 0
-    ready = redis_status == "ok" and loaded == expected
+    draining = request.app.state.shutdown.draining
+    ready = redis_status == "ok" and loaded == expected and not draining
     if not ready:
         response.status_code = 503
         response.headers["Retry-After"] = "1"
     return Readiness(
-        status="ready" if ready else "unavailable", redis=redis_status, models_loaded=loaded,
-        models_expected=expected, warnings=warnings,
+        status="ready" if ready else "draining" if draining else "unavailable", redis=redis_status,
+        models_loaded=loaded, models_expected=expected, warnings=warnings,
     )
 
 

@@ -12,6 +12,7 @@ from sse_starlette import EventSourceResponse
 from service.auth import OwnerDep, QuotaDep
 from service.dependencies import FlowDep, MetricsDep, RegistryDep, SettingsDep
 from service.errors import BODY, check_rows, check_text, responses
+from service.json_body import JSONBodyRoute
 from service.runtime.pipeline import InputError
 from service.schemas import (
     FinishRequest,
@@ -26,7 +27,7 @@ from service.session_flow import Finishing
 from service.sessions import SessionMeta
 from service.sse import GenerationMeter, replay_tokens, sse_answer, summary_events, wants_event_stream
 
-router = APIRouter(prefix="/sessions", tags=["sessions"])
+router = APIRouter(prefix="/sessions", tags=["sessions"], route_class=JSONBodyRoute)
 
 SessionId = Annotated[str, Path(description="The `id` that `POST /sessions` answered.",
                                 examples=["0nJx3kq7VdW2c9aYbR5mTfLs8HhPzE1u"])]
@@ -133,7 +134,7 @@ async def finish_session(
             return final_answer(finishing)
 
         tokens = finished.tokens if finished.tokens is not None else replay_tokens(finished.result.get(generated, ""))
-        return EventSourceResponse(summary_events(tokens, done, meter))
+        return EventSourceResponse(summary_events(request, tokens, done, meter))
     if meter is not None:
         meter.done(int(finished.result.get(meter.counted, 0)))
     return final_answer(finishing)

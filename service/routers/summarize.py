@@ -6,12 +6,13 @@ from fastapi import APIRouter
 from sse_starlette import EventSourceResponse
 
 from service.errors import BODY, check_text, responses
+from service.json_body import JSONBodyRoute
 from service.routers.one_shot import OneShotDep
 from service.runtime.pipeline import run_whole
 from service.schemas import SummarizeRequest, SummarizeResponse
 from service.sse import GenerationMeter, sse_answer, summary_events, wants_event_stream
 
-router = APIRouter(tags=["summarize"])
+router = APIRouter(tags=["summarize"], route_class=JSONBodyRoute)
 
 
 @router.post(
@@ -34,6 +35,6 @@ async def summarize(body: SummarizeRequest, call: OneShotDep) -> SummarizeRespon
         async def done() -> SummarizeResponse:
             return SummarizeResponse(model=model.ref, **finished.result)
 
-        return EventSourceResponse(summary_events(finished.tokens, done, meter))
+        return EventSourceResponse(summary_events(call.request, finished.tokens, done, meter))
     meter.done(int(finished.result["summary_tokens"]))
     return SummarizeResponse(model=model.ref, **finished.result)

@@ -2,6 +2,13 @@
 
 State (bounded by the configuration): the last L rows (``window``) and the
 count of rows seen. Each piece of rows is one ``step`` of the exported graph.
+
+**The values a model takes.** The graph standardizes each variable with the training scaler (``(x - mean) / std``)
+and computes in float32, squaring its activations (LayerNorm's variance): past about 1.8e19, the square root of
+float32's largest value, a square is infinite. A value is therefore taken within :data:`STANDARD_DEVIATIONS` of its
+variable's training mean (``value_range``, in GET /models), which leaves the network a gain of ten million before
+that; a row outside is refused (422, naming it). The forecast is checked as well: one that is not finite (e.g. a
+model run at a lower precision) is refused too, never answered with nulls.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import numpy as np
 
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
+
+STANDARD_DEVIATIONS = 1e12  # how far from its training mean a value may lie, in its variable's standard deviations
 
 
 class ForecastPipeline:
@@ -29,6 +38,14 @@ class ForecastPipeline:
         settings = manifest["settings"]
         self.lookback, self.horizon = int(settings["lookback"]), int(settings["horizon"])
         self.variables = list(settings["variables"])
+        mean, std = np.asarray(settings["scaler"]["mean"]), np.asarray(settings["scaler"]["std"])
+        self.lowest, self.highest = mean - STANDARD_DEVIATIONS * std, mean + STANDARD_DEVIATIONS * std  # (C,)
+
+    @property
+    def value_range(self) -> dict[str, list[float]]:
+        """Per variable, the lowest and highest value the model takes."""
+        return {name: [float(low), float(high)]
+                for name, low, high in zip(self.variables, self.lowest, self.highest, strict=True)}
 
     @property
     def row_width(self) -> int:
@@ -47,10 +64,20 @@ class ForecastPipeline:
                     f"row {index} has {len(row)} values; this model reads {width} per row, in the order "
                     f"{self.variables}"
                 )
-        values = np.asarray(rows, dtype=np.float32)
+        values = np.asarray(rows, dtype=np.float64)  # (T, C)
         if not np.isfinite(values).all():
             raise InputError("`rows` holds NaN or infinite values; fill or drop missing observations first")
-        return values[None]  # (1, T, C)
+        outside = np.argwhere((values < self.lowest) | (values > self.highest))
+        if len(outside):
+            row, column = (int(i) for i in outside[0])
+            raise InputError(
+                f"rows[{row}][{column}] ({self.variables[column]}) is {values[row, column]:g}, outside what this "
+                f"model takes: {self.lowest[column]:g} to {self.highest[column]:g} (its training mean ± "
+                f"{STANDARD_DEVIATIONS:g} standard deviations, where its float32 arithmetic stays finite; GET /models: "
+                f"value_range){f' ({len(outside)} values in all)' if len(outside) > 1 else ''}",
+                loc=("body", "rows", row, column), kind="value_range",
+            )
+        return values.astype(np.float32)[None]  # (1, T, C)
 
     async def consume(self, state: Mapping[str, np.ndarray], piece: Sequence[Sequence[float]]) -> Consumed:
         values = self.rows_to_array(piece)
@@ -74,6 +101,11 @@ class ForecastPipeline:
     def _result(self, out: Mapping[str, np.ndarray]) -> dict[str, Any]:
         rows_seen = int(out["next_rows_seen"][0])
         ready = bool(out["ready"][0])
+        if ready and not np.isfinite(out["forecast"][0]).all():
+            raise InputError(
+                "the model's arithmetic overflowed on these rows and the look-back before them (its forecast is not "
+                "finite): send values nearer the series' usual range", loc=("body", "rows"), kind="value_range",
+            )
         return {
             "forecast": out["forecast"][0].astype(float).tolist() if ready else None,
             "horizon": self.horizon,

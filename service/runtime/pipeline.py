@@ -10,7 +10,7 @@ session store writes once and never rewrites.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -24,7 +24,12 @@ T = TypeVar("T")
 
 
 class InputError(ValueError):
-    """The request's content cannot be processed as given (HTTP 422); the message says what to change."""
+    """The request's content cannot be processed as given (HTTP 422); the message says what to change, ``loc`` the
+    field it is about when it is about one (``("body", "rows", 3, 2)``), ``kind`` the rule it breaks."""
+
+    def __init__(self, message: str, loc: Sequence[str | int] | None = None, kind: str = "value_error") -> None:
+        super().__init__(message)
+        self.loc, self.kind = loc, kind
 
 
 @dataclass
@@ -64,6 +69,7 @@ class Pipeline(Steps, Protocol):
     input_kind: str  # "text" | "rows": the piece a request or a session sends
     max_tokens: int | None  # most tokens of a document the model reads (text); None where it reads any length
     row_width: int | None  # values per row (rows); None for text
+    value_range: dict[str, list[float]] | None  # per variable, the lowest and highest value taken (rows); None for text
     # the result field holding text generated at finish (summaries), which `stream` sends as it is generated;
     # None: the answer comes whole
     generated_text: str | None
@@ -105,7 +111,7 @@ class TextPipeline:
     limit of the family's stream (``self.stream``, set by the subclass: its ``limit`` and ``reading``)."""
 
     input_kind = "text"
-    row_width = None
+    row_width = value_range = None
     generated_text: str | None = None
     generated_tokens: str | None = None
     stream: Any
@@ -126,6 +132,13 @@ class TextPipeline:
         check_reading(self.stream.reading(state), self.stream.limit, self.over_limit, self.manifest["name"])
 
 
+def reads_nothing(result: Mapping[str, Any]) -> bool:
+    """True for a text model's answer to a document it read no token of (empty, whitespace, control characters):
+    refused (422), never answered with a null label or an empty summary. A single piece may be such text; a whole
+    document may not."""
+    return result.get("tokens_total") == 0
+
+
 async def run_whole(
     steps: Steps, piece: Any, stream: bool = False, options: Mapping[str, Any] | None = None
 ) -> tuple[Consumed, Finished]:
@@ -133,4 +146,7 @@ async def run_whole(
     consumed = await steps.consume(steps.new_state(), piece)
     chunks = [consumed.chunk] if consumed.chunk else []
     finished = await steps.finish(consumed.state, chunks, consumed.result, stream=stream, options=options)
+    if reads_nothing(finished.result):
+        raise InputError("`text` has no token the model reads (it is empty, or only whitespace or control "
+                         "characters): send the document's text", loc=("body", "text"), kind="no_tokens")
     return consumed, finished

@@ -244,6 +244,7 @@ class ModelRegistry:
                 "providers": m.providers,
                 "max_batch_size": m.max_batch_size,
                 "max_tokens": m.pipeline.max_tokens,
+                "value_range": m.pipeline.value_range,
                 "manifest": m.manifest,
             }
             for m in sorted(self.models.values(), key=lambda m: m.ref)

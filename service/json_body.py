@@ -1,0 +1,49 @@
+"""Request bodies read as the JSON they are: an integer of any length is a number.
+
+Python's ``json`` refuses to make an int of an integer longer than 4300 digits (``sys.int_max_str_digits``, a
+guard against quadratic conversion), and FastAPI answers that with a 400 "There was an error parsing the body" that
+names nothing. Such an integer is read as a float instead (infinite: past every float's range), so that validation
+names the field and the rule it breaks (``body.rows.0.0: Input should be a finite number``). Bodies without one
+are parsed as before, by the one ``json.loads`` call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+
+def _integer(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:  # longer than int's string limit: a number all the same
+        return float(text)
+
+
+class JSONBodyRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = json.loads(body)
+            except json.JSONDecodeError:
+                raise
+            except ValueError:  # an integer past int's string limit (or text that is not UTF-8, raised again)
+                self._json = json.loads(body, parse_int=_integer)
+        return self._json
+
+
+class JSONBodyRoute(APIRoute):
+    """The route class of every router whose operations take a JSON body."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def read_json_body(request: Request) -> Response:
+            return await handler(JSONBodyRequest(request.scope, request.receive))
+
+        return read_json_body
