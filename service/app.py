@@ -132,8 +132,9 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         components.pop("ValidationError", None)
     settings: Settings = app.state.settings
     registry: ModelRegistry | None = getattr(app.state, "registry", None)
-    widths = sorted({m.pipeline.row_width for m in (registry.models if registry else {}).values()
-                     if m.pipeline.row_width is not None})
+    models = list((registry.models if registry else {}).values())
+    widths = sorted({m.pipeline.row_width for m in models if m.pipeline.row_width is not None})
+    ranges = [bound for m in models if m.pipeline.value_range for bound in m.pipeline.value_range.values()]
     for name in sorted(_request_bodies(schema["paths"])):  # the limits of what a request sends, as settings say
         properties = components[name].get("properties", {})
         if "text" in properties:
@@ -144,6 +145,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             if widths:  # what this deployment's models read: a row of another width is refused (422)
                 rows["items"] |= {"minItems": widths[0], "maxItems": widths[-1]}
                 rows["description"] += f" Models loaded here read {' or '.join(map(str, widths))} values per row."
+            if ranges:  # within every variable's value_range (GET /models has each variable's own, wider)
+                low, high = max(bound[0] for bound in ranges), min(bound[1] for bound in ranges)
+                rows["items"]["items"] |= {"minimum": low, "maximum": high}
+                rows["description"] += f" Every value between {low:.3g} and {high:.3g} is taken."
     if registry is not None and registry.loaded_count() == registry.expected_count():
         app.openapi_schema = schema  # complete: kept (before the models are loaded, built again next time)
     return schema

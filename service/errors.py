@@ -7,6 +7,7 @@ what to change, ``errors`` (validation: each field), ``expected_seq`` (409) and 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,7 +20,7 @@ from starlette.types import Scope
 from service.middleware import route_template
 from service.runtime.pipeline import InputError
 from service.runtime.registry import UnknownModel
-from service.schemas import PIECE_KINDS, ErrorBody
+from service.schemas import PIECE_KINDS, VISIBLE_CHARACTER, ErrorBody
 from service.sessions import SequenceConflict, SessionFinished, SessionLimit, SessionNotFound
 from service.settings import Settings
 from service.state_store import StateStoreUnavailable
@@ -42,6 +43,7 @@ _WHY: dict[int, str] = {
 }
 
 BODY = (400, 408, 413, 422)  # what any route with a request body can answer
+VISIBLE = re.compile(VISIBLE_CHARACTER)
 
 
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -56,8 +58,9 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return documented
 
 
-def check_text(text: str, settings: Settings) -> None:
-    """422 for text over the limit, or text that is not Unicode: a lone UTF-16 surrogate.
+def check_text(text: str, settings: Settings, document: bool = False) -> None:
+    """422 for text over the limit, text that is not Unicode (a lone UTF-16 surrogate), and, for a whole
+    ``document`` (a one-shot request; a session's piece may be any cut of one), text without a visible character.
 
     JSON's ``\\ud83d`` escapes can carry half of a surrogate pair (a client that cuts text by UTF-16
     length). Such text is refused, never repaired: a replacement character would change the document,
@@ -75,6 +78,9 @@ def check_text(text: str, settings: Settings) -> None:
             f"text has {len(text)} characters, the limit is {settings.max_text_chars}: send it through a session "
             "in pieces"
         )
+    if document and not VISIBLE.search(text):
+        raise InputError("`text` has no visible character (it is empty, or only whitespace or control characters): "
+                         "send the document's text", loc=("body", "text"), kind="no_text")
 
 
 def check_rows(rows: list[list[float]], settings: Settings) -> None:

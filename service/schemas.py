@@ -48,6 +48,12 @@ Number = Annotated[float, Strict(), Field(allow_inf_nan=False), AfterValidator(_
                    WithJsonSchema({"type": "number", "minimum": -FLOAT32_MAX, "maximum": FLOAT32_MAX})]
 
 
+# A document must hold a character that is neither whitespace nor a control character (422 otherwise). One pattern
+# for the check (Python's re) and the schema (ECMA-262): both read it alike, as the whitespace they differ on is
+# listed (ECMA's \s has U+FEFF, Python's the separators U+001C-U+001F and U+0085, which the controls cover).
+VISIBLE_CHARACTER = r"[^\s\u0000-\u001f\u007f-\u009f\ufeff]"
+
+
 def _json_integer(value: Any) -> Any:
     """JSON Schema's integer: 8 and 8.0, never "8" or true (pydantic's lax int takes both, its strict int neither)."""
     if isinstance(value, (str, bool, bytes)):
@@ -112,8 +118,9 @@ class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(
         description="The document to classify, any length up to `RTSERVE_MAX_TEXT_CHARS` characters (longer: use "
-        "a session). Text the model reads no token of (empty, or only whitespace or control characters) is refused "
-        "(422).",
+        "a session). Text without a visible character (empty, or only whitespace or control characters) is refused "
+        "(422); text whose characters the model reads no token of (e.g. lone combining marks) gives `label` null.",
+        json_schema_extra={"minLength": 1, "pattern": VISIBLE_CHARACTER},
         examples=["The senator said on Monday that the bill would pass ..."],
     )
     model: str | None = MODEL_FIELD
@@ -148,7 +155,9 @@ class SummarizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str = Field(
         description="The document to summarize (the model reads its first `max_tokens` tokens, see `GET /models`). "
-        "Text the model reads no token of (empty, or only whitespace or control characters) is refused (422).",
+        "Text without a visible character (empty, or only whitespace or control characters) is refused (422); text "
+        "whose characters the model reads no token of (e.g. lone combining marks) gives an empty summary.",
+        json_schema_extra={"minLength": 1, "pattern": VISIBLE_CHARACTER},
         examples=["Shares in the bank rose 5% on Monday after it reported a rise in profits ..."],
     )
     model: str | None = Field(None, description="Model name or `name:version`; default: the task's default.",
@@ -232,7 +241,7 @@ class TextPiece(BaseModel):
                            examples=[1])
     text: str = Field(description="Next piece of text (classify and summarize sessions); pieces may split words, "
                       "and a piece may be empty or only whitespace (finishing a session whose text has no token "
-                      "is refused).", examples=["The senator said on Mon"])
+                      "is refused: 409).", examples=["The senator said on Mon"])
 
 
 class RowsPiece(BaseModel):

@@ -142,10 +142,10 @@ class SessionFlow:
         if meta.status == "finished":
             return Finishing(model, meta, Finished(last_result or {}), replayed=True)
         finished = await model.finish(state, chunks, last_result, stream=stream, options=options)
-        if reads_nothing(finished.result):
-            raise InputError(f"session {session_id} has no text the model reads (its pieces are empty, or only "
-                             "whitespace or control characters): send the document's text in pieces, then finish; "
-                             "the session stays open")
+        if reads_nothing(finished.result):  # single pieces may be empty, a whole document may not
+            raise SequenceConflict(f"session {session_id} has no text the model reads yet (its pieces are empty, or "
+                                   "only whitespace or control characters): send its text in pieces, then finish "
+                                   "(the session stays open)", expected=meta.seq + 1)
         if finished.tokens is None:
             return Finishing(model, await self._store_final(meta, finished.result), finished)
         finishing = Finishing(model, meta, finished)

@@ -55,8 +55,10 @@ def test_a_whole_article_streamed_through_a_session_equals_the_one_shot_summary(
         for seq, piece in enumerate(pieces, start=1):
             response = client.post(f"{url}/segments", json={"seq": seq, "text": "".join(piece)})
             assert response.status_code == 200, response.text
+        chunk_bytes = client.get(url).json()["state_bytes"]
         final = client.post(f"{url}/finish").json()
         assert final["summary"] == whole["summary"]
+        assert final["session"]["state_bytes"] == 0  # finished: only its answers are kept
         assert {k: final[k] for k in ("tokens_read", "tokens_total", "truncated", "summary_tokens")} == {
             k: whole[k] for k in ("tokens_read", "tokens_total", "truncated", "summary_tokens")}
         # stored state: the bounded part plus, per source token, its id and each layer's key and value
@@ -64,5 +66,4 @@ def test_a_whole_article_streamed_through_a_session_equals_the_one_shot_summary(
         stored = {spec["name"]: spec["dtype"] for spec in settings["chunk_spec"]}
         assert stored["k0"] == stored["v0"] == "float16"
         per_token = 8 + settings["n_layer"] * 2 * settings["n_head"] * settings["head_dim"] * 2
-        chunk_bytes = client.get(url).json()["state_bytes"]
         assert 4096 * per_token <= chunk_bytes <= 4096 * per_token + 256 * 1024

@@ -85,7 +85,7 @@ def test_text_without_a_token_oversized_or_non_string_text_is_refused(client, re
     for text in ("", " \n\t  ", "\u0000\u0000\u0000"):  # empty, whitespace, NUL: nothing to classify
         empty = client.post("/classify", json={"text": text})
         assert empty.status_code == 422 and empty.json()["errors"][0]["loc"] == ["body", "text"], empty.text
-        assert "no token the model reads" in empty.json()["detail"]
+        assert "no visible character" in empty.json()["detail"]
     wrong = client.post("/classify", json={"text": 5})
     assert wrong.status_code == 422 and isinstance(wrong.json()["detail"], str)
     assert wrong.json()["errors"][0]["loc"] == ["body", "text"] and wrong.json()["request_id"]
@@ -98,8 +98,9 @@ def test_empty_pieces_are_taken_but_a_session_without_a_token_is_not_finished(cl
     session = client.post("/sessions", json={"task": "classify"}).json()["id"]
     for seq, piece in enumerate(("", "   ", "\u0000\n"), start=1):  # a piece may be any cut of the document
         assert client.post(f"/sessions/{session}/segments", json={"seq": seq, "text": piece}).status_code == 200
-    empty = client.post(f"/sessions/{session}/finish")
-    assert empty.status_code == 422 and "no text the model reads" in empty.json()["detail"], empty.text
+    empty = client.post(f"/sessions/{session}/finish")  # a conflict with the session's state: it has no text yet
+    assert empty.status_code == 409 and empty.json()["expected_seq"] == 4, empty.text
+    assert "no text the model reads" in empty.json()["detail"]
     assert client.get(f"/sessions/{session}").json()["status"] == "open"  # still open: send the text, then finish
     assert client.post(f"/sessions/{session}/segments", json={"seq": 4, "text": "The senator said"}).status_code == 200
     finished = client.post(f"/sessions/{session}/finish")

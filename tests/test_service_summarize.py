@@ -71,14 +71,15 @@ def test_summary_streams_as_server_sent_events(client):
     assert plain["summary"] == data[-1]["summary"]
 
 
-def test_beam_search_and_documents_without_a_token_are_422(client):
+def test_beam_search_and_documents_without_a_visible_character_are_422(client):
     beam = client.post("/summarize", json={"text": TEXT, "max_length": 20, "beam_size": 3})
     assert beam.status_code == 200 and beam.json()["summary_tokens"] <= 20
-    for text in ("", "   \n\t", "\u0000\u0000"):
+    for text in ("", "   \n\t", "\u0000\u0000", "\u3000\ufeff\u0085"):
         for stream in (False, True):  # refused before a stream begins: a JSON 422, never an empty summary
             empty = client.post("/summarize", json={"text": text, "stream": stream})
             assert empty.status_code == 422 and empty.headers["content-type"] == "application/json", empty.text
-            assert empty.json()["errors"][0]["loc"] == ["body", "text"] and "no token" in empty.json()["detail"]
+            assert empty.json()["errors"][0]["loc"] == ["body", "text"]
+            assert "no visible character" in empty.json()["detail"]
     assert client.post("/summarize", json={"text": TEXT, "beam_size": 99}).status_code == 422
 
 

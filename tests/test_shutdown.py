@@ -64,6 +64,7 @@ class Stream(threading.Thread):
             self.first_token.set()
 
 
+@pytest.mark.slow
 def test_sigterm_during_summary_streams_lets_each_end_with_done(every_task_repository, redis_url, key_prefix):
     port = free_port()
     process = start_rtserve(_settings(every_task_repository, redis_url, key_prefix, shutdown_timeout_seconds=30),
@@ -98,6 +99,7 @@ def test_sigterm_during_summary_streams_lets_each_end_with_done(every_task_repos
     assert "Application shutdown complete" in output
 
 
+@pytest.mark.slow
 def test_work_that_outlasts_the_grace_gets_json_503s_and_the_applied_pieces_replay(
         every_task_repository, redis_url, key_prefix):
     port = free_port()
@@ -155,7 +157,7 @@ def test_work_that_outlasts_the_grace_gets_json_503s_and_the_applied_pieces_repl
     assert "Internal Server Error" not in output
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_readyz_answers_503_at_once_on_sigterm_while_requests_are_still_served(
         forecast_repository, redis_url, key_prefix, workers):
     port = free_port()

@@ -21,7 +21,7 @@ router = APIRouter(tags=["classify"], route_class=JSONBodyRoute)
     "through a classify session and finishing it.",
 )
 async def classify(body: ClassifyRequest, call: OneShotDep) -> ClassifyResponse:
-    check_text(body.text, call.settings)  # the input first: a 422 says what to change whatever the model
+    check_text(body.text, call.settings, document=True)  # the input first: a 422 says what to change
     model = call.model(body.model, "classify")
     _, finished = await run_whole(model, body.text)
     return ClassifyResponse(model=model.ref, **finished.result)

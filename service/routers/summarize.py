@@ -25,7 +25,7 @@ router = APIRouter(tags=["summarize"], route_class=JSONBodyRoute)
     "word by word as it is generated; beam search sends it once, at the end.",
 )
 async def summarize(body: SummarizeRequest, call: OneShotDep) -> SummarizeResponse | EventSourceResponse:
-    check_text(body.text, call.settings)  # the input first: a 422 says what to change whatever the model
+    check_text(body.text, call.settings, document=True)  # the input first: a 422 says what to change
     model = call.model(body.model, "summarize")
     stream = wants_event_stream(call.request, body.stream)
     meter = GenerationMeter(call.metrics, model.ref, stream)

@@ -133,9 +133,7 @@ class TextPipeline:
 
 
 def reads_nothing(result: Mapping[str, Any]) -> bool:
-    """True for a text model's answer to a document it read no token of (empty, whitespace, control characters):
-    refused (422), never answered with a null label or an empty summary. A single piece may be such text; a whole
-    document may not."""
+    """True for a text model's answer to a document it read no token of (empty, whitespace, control characters)."""
     return result.get("tokens_total") == 0
 
 
@@ -146,7 +144,4 @@ async def run_whole(
     consumed = await steps.consume(steps.new_state(), piece)
     chunks = [consumed.chunk] if consumed.chunk else []
     finished = await steps.finish(consumed.state, chunks, consumed.result, stream=stream, options=options)
-    if reads_nothing(finished.result):
-        raise InputError("`text` has no token the model reads (it is empty, or only whitespace or control "
-                         "characters): send the document's text", loc=("body", "text"), kind="no_tokens")
     return consumed, finished
