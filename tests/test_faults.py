@@ -1,10 +1,11 @@
 """The fault suite: real `rtserve serve` processes, a real redis-server that is killed and restarted.
 
-One bounded chaos run (loadtest/chaos.py, the same code as the load runner) covers 300 parallel creates
-on one replica, sessions fed piece by piece over two replicas while one replica is SIGKILLed, Redis is
-stopped and restarted and then SIGKILLed and restarted with AOF, and parallel duplicates. The other tests
-take one fault each: a lock a dead replica left, Redis out of memory, slow clients, a SIGKILLed service
-with its embedded Redis.
+Two bounded chaos runs (loadtest/chaos.py, the same code as the load runner) over a tiny model of each task:
+one covers 300 parallel creates on one replica, sessions of every task fed piece by piece over two replicas
+and finished (summaries streamed), each finish compared with the one-shot answer, while one replica is SIGKILLed,
+Redis is stopped and restarted and then SIGKILLed and restarted with AOF, and parallel duplicates; the other a
+rolling restart under the same load. The other tests take one fault each: a lock a dead replica left (its delay
+and its Redis commands), Redis out of memory, slow clients, a SIGKILLed service with its embedded Redis.
 """
 
 import argparse
@@ -12,6 +13,7 @@ import asyncio
 import signal
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -27,19 +29,40 @@ def tiny_repository(forecast_repository):
     return forecast_repository[0]
 
 
+def _chaos_args(repository, **overrides):
+    return argparse.Namespace(**{
+        "sessions": 24, "pieces": 8, "creates": 300, "duplicates": 30, "appendfsync": "everysec", "faults": "crash",
+        "restarts": 1, "fault_delay": 0.4, "drain_seconds": 1.0, "grace_seconds": 10.0, "repository": str(repository),
+        "model": None, "seed": 0, **overrides})
+
+
 @pytest.mark.slow
-def test_chaos_run_loses_nothing_applies_nothing_twice_and_leaves_no_orphans(tiny_repository, tmp_path):
-    args = argparse.Namespace(sessions=24, pieces=8, creates=300, duplicates=30, appendfsync="everysec",
-                              faults=True, fault_delay=0.4, repository=str(tiny_repository), model="rsa-tiny")
-    report = asyncio.run(chaos(args, tmp_path))
+def test_chaos_run_loses_nothing_applies_nothing_twice_answers_nothing_wrong_and_leaves_no_orphans(
+        every_task_repository, tmp_path):
+    report = asyncio.run(chaos(_chaos_args(every_task_repository), tmp_path))
     print_table(report)
     assert dict(report["_creates"]) == {"201": 300}, report["creates"]  # no false 503 under a burst
-    assert report["_found"] == {"lost": 0, "duplicated": 0, "orphaned": 0}, report
+    assert report["_found"] == {"lost": 0, "duplicated": 0, "wrong": 0, "orphaned": 0, "plain text": 0,
+                                "streams cut": 0, "visible errors": 0}, report
+    assert "8 classify" in report["finishes compared with the one-shot answer"]  # every task, every finish
+    assert "9 forecast" in report["finishes compared with the one-shot answer"]  # and the duplicates' session
     outcome = report["_duplicates"]
     assert outcome.get("200", 0) + outcome.get("replayed", 0) >= 1 and set(outcome) <= {"200", "replayed", "503"}
     assert outcome.get("200", 0) <= 1  # at most one of the parallel copies applied it
     # during the faults: 503 (Redis down) or a broken connection (replica killed), both retried; never 500
-    assert set(report["_statuses"]) <= {"200", "503", "connection error"}, report["_statuses"]
+    assert set(report["_statuses"]) <= {"200", "201", "503", "connection error"}, report["_statuses"]
+
+
+@pytest.mark.slow
+def test_a_rolling_restart_under_load_costs_clients_nothing(every_task_repository, tmp_path):
+    report = asyncio.run(chaos(_chaos_args(every_task_repository, faults="rolling", creates=20, sessions=30,
+                                           pieces=10, fault_delay=0.5, duplicates=10), tmp_path))
+    print_table(report)
+    assert report["_found"] == {"lost": 0, "duplicated": 0, "wrong": 0, "orphaned": 0, "plain text": 0,
+                                "streams cut": 0, "visible errors": 0}, report
+    assert report["restarts begun while sessions ran"] == "1", report  # the restart met the load
+    assert set(report["_statuses"]) <= {"200", "201", "503"}, report["_statuses"]  # not one refused connection
+    assert report["_streams"].get("done", 0) >= 10 and set(report["_streams"]) <= {"done", "error 503"}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +93,34 @@ def test_a_lock_a_dead_replica_left_delays_its_session_under_two_seconds(replica
     waited = time.monotonic() - started
     assert answer.status_code == 200 and answer.json()["session"]["seq"] == 2
     assert waited < 2.0, f"{waited:.2f} s"
+
+
+def _commands(admin):
+    """Redis commands served since the last CONFIG RESETSTAT, by name (a script's own calls included), less the
+    INFO that asks."""
+    stats = admin.info("commandstats")
+    calls = Counter({name.removeprefix("cmdstat_"): entry["calls"] for name, entry in stats.items()})
+    calls["info"] -= 1
+    return +calls
+
+
+def test_waiting_on_a_lock_a_dead_replica_left_costs_a_few_redis_commands(replica):
+    server, store = replica
+    admin = store.client()
+    session = httpx.post(f"{server.url}/sessions", json={"task": "forecast"}).json()
+    url = f"{server.url}/sessions/{session['id']}/segments"
+    assert httpx.post(url, json={"seq": 1, "rows": _rows()}).status_code == 200
+    admin.config_resetstat()
+    assert httpx.post(url, json={"seq": 2, "rows": _rows()}).status_code == 200
+    normal = _commands(admin)
+    store.client().set(f"faults:{{{session['id']}}}:lock", "3:dead", px=1000)  # a replica died computing piece 3
+    admin.config_resetstat()
+    assert httpx.post(url, json={"seq": 3, "rows": _rows()}, timeout=10).status_code == 200
+    behind_the_lock = _commands(admin)
+    extra = sum(behind_the_lock.values()) - sum(normal.values())
+    # the begin that found the lock held (its script and the calls in it), then two looks at the lock
+    assert extra <= 12, f"{extra} more commands than a piece without a lock: {behind_the_lock} vs {normal}"
+    assert behind_the_lock["pttl"] - normal["pttl"] <= 3
 
 
 def test_redis_out_of_memory_is_503_and_not_ready_then_recovers(replica):
