@@ -1,0 +1,43 @@
+"""Sentence spans: the unit of sentence-copy summaries and of the readability measures."""
+
+from models.sentences import capitalised, is_uncased, sentence_spans, sentences
+
+CASED = (
+    "Ad sales boost Time Warner profit\n\n"
+    "Quarterly profits at US media giant TimeWarner jumped 76% to $1.13bn (£600m) for the three months to "
+    "December, from $639m year-earlier. Mr. Smith said \"it was good.\" The U.S. economy grew 3.5% in the "
+    "year, said J. Smith! Did he? Yes.Growth was set to stabilise.China's economy grew. It was e.g. fine."
+)
+
+
+def test_cased_rules() -> None:
+    assert sentences(CASED) == [
+        "Ad sales boost Time Warner profit",
+        "Quarterly profits at US media giant TimeWarner jumped 76% to $1.13bn (£600m) for the three months to "
+        "December, from $639m year-earlier.",
+        "Mr. Smith said \"it was good.\"",
+        "The U.S. economy grew 3.5% in the year, said J. Smith!",
+        "Did he?",
+        "Yes.",
+        "Growth was set to stabilise.",
+        "China's economy grew.",
+        "It was e.g. fine.",
+    ]
+
+
+def test_uncased_text_splits_before_lower_case_starts() -> None:
+    text = "BACKGROUND\nthe gene flow is high  <cit> . farmers grow gm crops, e.g. maize. it was  <dig> % fig. 2."
+    assert is_uncased(text)
+    assert sentences(text) == ["BACKGROUND", "the gene flow is high  <cit> .", "farmers grow gm crops, e.g. maize.",
+                               "it was  <dig> % fig. 2."]
+
+
+def test_spans_index_the_text() -> None:
+    for start, end in sentence_spans(CASED):
+        assert CASED[start:end] == CASED[start:end].strip() and CASED[start:end]
+
+
+def test_capitalised() -> None:
+    assert capitalised("the u.s. grew") == "The u.s. grew"
+    assert capitalised("\"quoted\" start") == "\"Quoted\" start"
+    assert capitalised("3 cases") == "3 cases"
