@@ -2,10 +2,12 @@
 
 Protocol
 --------
-1. Start the service as a subprocess (``python -m rtserve.cli serve``) on a free loopback port,
-   with its embedded Redis (``RTSERVE_REDIS_URL`` removed) and ``RTSERVE_MODEL_REPOSITORY``
-   pointing at the repository; every other ``RTSERVE_*`` variable of the caller passes through,
-   so ``RTSERVE_MAX_QUEUE_DELAY_MS=0 rtserve bench`` measures that setting. Wait for ``/readyz``.
+1. Start an embedded Redis (the bench's own: ``RTSERVE_REDIS_URL`` of the caller is replaced), then the
+   service as a subprocess (``python -m rtserve.cli serve``) on a free loopback port on that Redis, with
+   ``RTSERVE_MODEL_REPOSITORY`` pointing at the repository; every other ``RTSERVE_*`` variable of the
+   caller passes through, so ``RTSERVE_MAX_QUEUE_DELAY_MS=0 rtserve bench`` measures that setting. Wait
+   for ``/readyz``. With ``floor``, the floor server (``benchmarks/floor_server.py``) starts beside it,
+   on the same Redis.
 2. Prepare every input before any timing (:mod:`loadtest.bench_inputs`): request bodies are bytes,
    sent by one ``aiohttp.ClientSession`` with keep-alive, so the client stays cheap on a CPU it shares
    with the server (its CPU time during served runs is reported as ``client_cpu_share``).
@@ -34,11 +36,15 @@ Protocol
      each 510-token window), which on a CPU is compute-bound and gains nothing from batching.
    - ``rsa``: 32 forecast sessions (ETTh1 rows, equal pieces) all at once vs one after another,
      create -> pieces -> finish; pieces/s.
+   - ``floor``: RSA forecast pieces and RMT classify pieces sent to the service and to the floor server
+     (the same Redis round trips and state sizes, the same ``step.onnx`` at batch 1 on one thread, a
+     JSON answer, nothing else) in turn, at 1 session and at 32; the service's server CPU per piece over
+     the floor's (:mod:`loadtest.bench_floor`).
    - ``gpu``: where NVML sees a GPU, per model: segments/s and J/segment at 1 and 32 sessions
      from NVML's energy counter (:mod:`loadtest.bench_gpu`); skipped, saying so, elsewhere.
 
    CPU: for ``articles``, ``decode`` and ``rsa``, each timed run also records the CPU time the service
-   spent in it (its process and children, the embedded Redis among them, by ``psutil``) and this
+   spent in it (its process tree and the bench's Redis, from each process's kernel CPU clock) and this
    client's, per unit (token, piece). Concurrent throughput cannot exceed ``cores`` / (CPU per unit),
    so a ratio cannot exceed ``ratio_ceiling`` = cores x (sequential seconds per unit) / (concurrent
    CPU seconds per unit): where the two meet, the machine was full, and only less CPU per unit raises
@@ -82,13 +88,14 @@ import numpy as np
 import psutil
 
 from loadtest import bench_inputs as inputs
+from loadtest.bench_floor import Side, compare, floor_command, floor_sessions, tree_cpu_seconds
 from loadtest.bench_gpu import EnergyMeter, energy_rates
 from loadtest.bench_inputs import SessionInput
 from loadtest.bench_report import check_targets, machine_info, machine_slug, write_reports
 
 log = logging.getLogger("rtserve.bench")
 
-SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "gpu")
+SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor", "gpu")
 SEGMENT_ROUTE = "/sessions/{session_id}/segments"
 SEGMENT_ROUTE_REDIS_OPERATIONS = ("begin", "commit")
 HOST = "127.0.0.1"
@@ -107,12 +114,15 @@ class Counts:
     rsa_piece_rows: int = 24
     rsa_extra_pieces: int = 4  # pieces after the look-back is filled, each answered with a forecast
     gpu_sessions: int = 32
+    floor_sessions: int = 32  # the floor comparison: at 1 session (each in turn) and at this many at once
+    floor_rsa_extra_pieces: int = 12  # more pieces per RSA session than `rsa`: CPU is read in 10 ms ticks
     settle_seconds: float = 0.2  # pause before each timed run: ONNX Runtime's idle threads stop spinning
 
 
 # a smoke test of the instrument, not a measurement
 QUICK = Counts(e2e_sessions=1, pieces=2, sessions=(2, 4), articles=2, article_chars=400, rsa_sessions=3,
-               rsa_piece_rows=8, rsa_extra_pieces=1, gpu_sessions=4, settle_seconds=0.01)
+               rsa_piece_rows=8, rsa_extra_pieces=1, gpu_sessions=4, floor_sessions=3, floor_rsa_extra_pieces=1,
+               settle_seconds=0.01)
 
 
 class BenchError(RuntimeError):
@@ -129,20 +139,22 @@ class Span:
 
 
 class Stopwatch:
-    """Wall time plus the CPU time of a process tree (the service) and of this process (the client)."""
+    """Wall time plus the CPU time of the service (its process tree and the bench's Redis) and of this process
+    (the client)."""
 
-    def __init__(self, server_pid: int) -> None:
+    def __init__(self, server_pid: int, redis_pid: int | None) -> None:
         self.server = psutil.Process(server_pid)
+        self.redis = psutil.Process(redis_pid) if redis_pid is not None else None
+
+    def service_cpu(self) -> float:
+        """The service's own processes: every front end and engine, not Redis."""
+        return tree_cpu_seconds(self.server)
+
+    def redis_cpu(self) -> float:
+        return tree_cpu_seconds(self.redis) if self.redis is not None else 0.0
 
     def _server_cpu(self) -> float:
-        total = 0.0
-        for process in [self.server, *self.server.children(recursive=True)]:
-            try:
-                times = process.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += times.user + times.system
-        return total
+        return self.service_cpu() + self.redis_cpu()
 
     def start(self) -> tuple[float, float, float]:
         return time.perf_counter(), self._server_cpu(), time.process_time()
@@ -159,27 +171,30 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def server_environment(repository: Path, port: int) -> dict[str, str]:
-    """The caller's environment, embedded Redis, this repository and port; the code beside this file first."""
+def server_environment(repository: Path, port: int, redis_url: str) -> dict[str, str]:
+    """The caller's environment, the bench's embedded Redis, this repository and port; the code beside this file
+    first."""
     env = dict(os.environ)
-    env.pop("RTSERVE_REDIS_URL", None)
-    env.update(RTSERVE_MODEL_REPOSITORY=str(repository), RTSERVE_HOST=HOST, RTSERVE_PORT=str(port))
+    env.update(RTSERVE_MODEL_REPOSITORY=str(repository), RTSERVE_HOST=HOST, RTSERVE_PORT=str(port),
+               RTSERVE_REDIS_URL=redis_url)
     source_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
     return env
 
 
 class Server:
-    """``rtserve serve`` in a subprocess, its output in a log file."""
+    """A server under test in a subprocess (``rtserve serve``, or the floor server), its output in a log file."""
 
-    def __init__(self, repository: Path, port: int, log_path: Path) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], port: int, log_path: Path) -> None:
         self.url = f"http://{HOST}:{port}"
         self.log_path = log_path
         self._log = open(log_path, "w")  # closed in stop()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "rtserve.cli", "serve", "--host", HOST, "--port", str(port)],
-            env=server_environment(repository, port), stdout=self._log, stderr=subprocess.STDOUT,
-        )
+        self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    @classmethod
+    def rtserve(cls, repository: Path, port: int, log_path: Path, redis_url: str) -> Server:
+        return cls([sys.executable, "-m", "rtserve.cli", "serve", "--host", HOST, "--port", str(port)],
+                   server_environment(repository, port, redis_url), port, log_path)
 
     def log_tail(self, characters: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-characters:]
@@ -426,6 +441,7 @@ class Bench:
     intra_op_spinning: bool
     models: dict[str, dict[str, Any]]  # task -> GET /models description of the model measured
     stopwatch: Stopwatch  # the service's and this client's CPU over each timed run
+    floor: Side | None = None  # the floor server (scenario `floor`)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # scenario -> why it could not finish
     notes: list[str] = field(default_factory=list)
@@ -726,6 +742,28 @@ async def run_gpu(bench: Bench, meter: EnergyMeter, described: list[dict[str, An
     return results
 
 
+FLOOR_TASKS = ("forecast", "classify")
+FLOOR_KEEP_ALIVE_SECONDS = 2.0  # below uvicorn's default keep-alive (5 s), which the floor server keeps
+
+
+async def run_floor(bench: Bench) -> dict[str, Any]:
+    """The service's server CPU per piece over the floor server's, per task, at 1 and N sessions."""
+    assert bench.floor is not None, "the floor server starts with the scenario"
+    service = Side("service", bench.client, bench.stopwatch.service_cpu)
+    results: dict[str, Any] = {}
+    for task in FLOOR_TASKS:
+        reason = why_not(bench, task, {"forecast": "RSA forecaster", "classify": "RMT classifier"}[task])
+        if reason:
+            results[task] = {"skipped": reason}
+            continue
+        sessions = floor_sessions(bench, task, bench.counts.floor_sessions)
+        log.info("floor: %s pieces, service vs floor server, at 1 and %d sessions", task, len(sessions))
+        results[task] = {"model": bench.ref(task), **await compare(
+            service, bench.floor, bench.ref(task), sessions, (1, len(sessions)), bench.repeats,
+            bench.stopwatch.redis_cpu, bench.settle)}
+    return results
+
+
 # ---- the run -------------------------------------------------------------------------------------
 def pick_models(described: list[dict[str, Any]], forecast_name: str) -> dict[str, dict[str, Any]]:
     """task -> the model measured: the first RMT classifier, the first summarizer, ``forecast_name`` (or an RSA)."""
@@ -831,6 +869,8 @@ async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
         log.info("%s: %d %s", name, bench.counts.rsa_sessions if task == "forecast" else bench.counts.articles,
                  "forecast sessions" if task == "forecast" else "BBC articles")
         await attempt(bench, scenarios, name, run(bench))
+    if "floor" in only:
+        await attempt(bench, scenarios, "floor", run_floor(bench))
     if "gpu" in only:
         if meter.available:
             log.info("gpu: every model at 1 and %d sessions", bench.counts.gpu_sessions)
@@ -841,25 +881,44 @@ async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
 
 
 async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMeter) -> dict[str, Any]:
+    from service.embedded_redis import EmbeddedRedis
+
     service = service_settings(options.model_repository)
     settings = settings_in_effect(service)
     port = options.port or free_port()
     log_path = options.server_log or Path(tempfile.mkdtemp(prefix="rtserve-bench-")) / "server.log"
     api_key = service.api_keys[0] if service.api_keys else None
-    connections = max((*counts.sessions, counts.articles, counts.rsa_sessions, counts.gpu_sessions)) + 4
+    connections = max((*counts.sessions, counts.articles, counts.rsa_sessions, counts.gpu_sessions,
+                       counts.floor_sessions)) + 4
     client = Client(f"http://{HOST}:{port}", api_key, connections, service.keep_alive_timeout_seconds / 2)
-    server = Server(options.model_repository, port, log_path)
-    log.info("service starting on port %d (log: %s)", port, log_path)
-    try:
-        await server.wait_ready(client, options.startup_timeout)
-        described = await client.models()
-        bench = Bench(client, options.model_repository, options.data, counts, options.repeats,
-                      int(settings["intra_op_threads"]), bool(settings["intra_op_spinning"]),
-                      pick_models(described, options.forecast_model), Stopwatch(server.process.pid))
-        scenarios = await run_scenarios(bench, options.only, meter, described)
-    finally:
-        await client.close()
-        code = server.stop()
+    floor_client: Client | None = None
+    floor: Server | None = None
+    with EmbeddedRedis() as redis:  # the bench's: the service and the floor server share it, its CPU apart
+        server = Server.rtserve(options.model_repository, port, log_path, redis.url)
+        log.info("service starting on port %d (log: %s)", port, log_path)
+        try:
+            await server.wait_ready(client, options.startup_timeout)
+            described = await client.models()
+            bench = Bench(client, options.model_repository, options.data, counts, options.repeats,
+                          int(settings["intra_op_threads"]), bool(settings["intra_op_spinning"]),
+                          pick_models(described, options.forecast_model), Stopwatch(server.process.pid, redis.pid))
+            if "floor" in options.only:
+                refs = [bench.ref(task) for task in FLOOR_TASKS if task in bench.models]
+                floor_port = free_port()
+                floor = Server(floor_command(options.model_repository, refs, redis.url, HOST, floor_port),
+                               server_environment(options.model_repository, floor_port, redis.url), floor_port,
+                               log_path.with_name("floor.log"))
+                floor_client = Client(floor.url, None, connections, FLOOR_KEEP_ALIVE_SECONDS)
+                await floor.wait_ready(floor_client, options.startup_timeout)
+                bench.floor = Side("floor", floor_client, lambda: tree_cpu_seconds(psutil.Process(floor.process.pid)))
+            scenarios = await run_scenarios(bench, options.only, meter, described)
+        finally:
+            await client.close()
+            if floor_client is not None:
+                await floor_client.close()
+            if floor is not None:
+                floor.stop()
+            code = server.stop()
     if code not in (0, -signal.SIGTERM):
         bench.notes.append(f"the service exited with {code} on SIGTERM (log: {log_path})")
     if {"e2e", "throughput"} & set(scenarios):

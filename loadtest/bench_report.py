@@ -104,6 +104,11 @@ def targets_for(scenarios: Mapping[str, Any]) -> list[Target]:
         Target("RSA sessions: concurrent / one at a time (pieces/s)", ("rsa", "ratio"), ">=", 3, "cpu"),
         Target("Redis share of segment-route time, 1 session", ("e2e", "redis", "share"), "<=", 0.03, "cpu"),
     ]
+    for task, label in (("forecast", "RSA"), ("classify", "RMT")):
+        for n, run in (lookup(scenarios, "floor", task) or {}).items():
+            if isinstance(run, Mapping) and "ratio" in run:
+                targets.append(Target(f"{label} pieces: service / floor server CPU per piece, {n} session(s)",
+                                      ("floor", task, n, "ratio"), "<=", 1.5, "cpu"))
     if counts:
         targets.append(Target(f"Redis share of segment-route time, {counts[0]} sessions",
                               ("throughput", str(counts[0]), "redis", "share"), "<=", 0.03, "cpu"))
@@ -176,6 +181,15 @@ def measurement_rows(scenarios: Mapping[str, Any]) -> list[tuple[str, Any]]:
                  ("the same one at a time: pieces/s", rsa["sequential_pieces_per_second"])]
     for name, unit in (("articles", "token"), ("decode", "token"), ("rsa", "piece")):
         rows += cpu_rows(name, unit, scenarios.get(name) or {})
+    for task, label in (("forecast", "RSA"), ("classify", "RMT")):
+        for n, run in (lookup(scenarios, "floor", task) or {}).items():
+            if isinstance(run, Mapping) and "ratio" in run:
+                service, floor = (f"{run[f'{side}_server_cpu_ms_per_piece']:.3g}" for side in ("service", "floor"))
+                redis = " / ".join(f"{run[f'{side}_redis_cpu_ms_per_piece']:.3g}" for side in ("service", "floor"))
+                rows.append((f"{label} pieces, {n} session(s): server CPU ms per piece, service / floor "
+                             "(Redis: service / floor)", f"{service} / {floor} ({redis})"))
+                rows.append((f"{label} pieces, {n} session(s): pieces/s, service / floor",
+                             f"{run['service_pieces_per_second']:.3g} / {run['floor_pieces_per_second']:.3g}"))
     for model, gpu in (lookup(scenarios, "gpu", "models") or {}).items():
         for key in ("1", str(gpu["sessions_high"])):
             run = gpu[key]

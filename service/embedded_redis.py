@@ -96,6 +96,11 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"unix://{self.socket_path}"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._process.pid if self._process is not None else None
+
     def start(self) -> str:
         """Start the server (idempotent), wait until it answers, and return its URL."""
         if self._process is not None and self._process.poll() is None:

@@ -16,7 +16,7 @@ from loadtest.bench_report import check_targets
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 NEEDED = ("hyperpartisan", "bbc-news-summary", "ETT-small")
-SERVED_SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa")
+SERVED_SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor")
 
 
 def _finite_positive(value):
@@ -68,6 +68,14 @@ def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the
                     "concurrent_client_cpu_ms_per_unit", "concurrent_cores_busy", "ratio_ceiling"):
             assert _finite_positive(run[key]), (name, key, run)
         assert run["cores"] >= 1 and f"{name}: ceiling of the ratio" in out_md.read_text()
+
+    for task in ("forecast", "classify"):  # the service beside the floor server, on the same pieces
+        for count in ("1", "3"):
+            run = scenarios["floor"][task][count]
+            for key in ("ratio", "service_server_cpu_ms_per_piece", "floor_server_cpu_ms_per_piece",
+                        "service_redis_cpu_ms_per_piece", "floor_redis_cpu_ms_per_piece", "floor_pieces_per_second"):
+                assert _finite_positive(run[key]), (task, count, key, run)
+    assert "service / floor server CPU per piece" in out_md.read_text()
 
     assert report["machine"]["cores"] >= 1 and report["machine"]["cpu"]
     assert report["settings"]["intra_op_threads"] == 1 and report["settings"]["redis"] == "embedded"

@@ -1,0 +1,147 @@
+"""The ``floor`` scenario of ``rtserve bench``: the service's CPU per piece over the floor server's.
+
+The floor server (``benchmarks/floor_server.py``) does what a piece needs and nothing else: the same two
+Redis round trips (the service's own scripts, the same state sizes), the same ``step.onnx`` at batch 1
+with one intra-op thread, a JSON answer. Both servers run side by side on the same Redis, and the same
+pieces go to each in turn (the order alternates from one repeat to the next):
+
+- per task: RSA forecast pieces and RMT classify pieces (each completes exactly one segment);
+- at 1 session (the sessions one after another) and at N (all at once);
+- CPU of the server's processes (:func:`process_cpu_seconds`: the kernel's per-process CPU clock, the
+  accounting ``/proc/<pid>/stat`` shows, in nanoseconds): the service's process tree (every front end and
+  engine process with ``RTSERVE_WORKERS``), the floor's one process.
+  Redis (the bench's, shared) is counted apart, per side, and is in neither ratio.
+
+Sessions are opened before the timed span and finished and deleted after it: only pieces are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from loadtest import bench_inputs as inputs
+from loadtest.bench_inputs import SessionInput
+
+log = logging.getLogger("rtserve.bench")
+
+FLOOR_SERVER = Path(__file__).resolve().parents[1] / "benchmarks" / "floor_server.py"
+
+
+def process_cpu_seconds(process: psutil.Process) -> float:
+    """CPU seconds (user + system, every thread, living or ended) of one process.
+
+    The kernel's CPU clock of the process (what ``clock_getcpuclockid(pid)`` names: the same accounting that
+    ``/proc/<pid>/stat`` shows, read in nanoseconds instead of 10 ms ticks, which would be 1-10 % of a short run);
+    ``/proc/<pid>/stat`` by psutil where that clock cannot be read.
+    """
+    try:
+        return time.clock_gettime_ns(((~process.pid) << 3) | 2) / 1e9  # CPUCLOCK_SCHED of the whole process
+    except (OSError, OverflowError, AttributeError):
+        times = process.cpu_times()
+        return times.user + times.system
+
+
+def tree_cpu_seconds(root: psutil.Process) -> float:
+    """CPU seconds of ``root`` and its living descendants."""
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process_cpu_seconds(process)
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def floor_command(repository: Path, models: Sequence[str], redis_url: str, host: str, port: int) -> list[str]:
+    """``benchmarks/floor_server.py`` serving ``models`` of ``repository`` on the bench's Redis."""
+    return [sys.executable, str(FLOOR_SERVER), "--model-repository", str(repository), "--redis-url", redis_url,
+            "--host", host, "--port", str(port), "--models", ",".join(models)]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One server under comparison: its client, its model reference and how to read its CPU."""
+
+    name: str
+    client: Any  # loadtest.bench.Client
+    cpu_seconds: Any  # () -> float
+
+
+async def pieces_cpu(side: Side, model: str, sessions: list[SessionInput], concurrent: bool,
+                     redis_cpu: Any) -> dict[str, float]:
+    """Server, Redis and client CPU and the wall time of every piece of ``sessions``; sessions opened before and
+    closed after, untimed."""
+    from loadtest.bench import close_session, open_session, send_pieces
+
+    ids = [await open_session(side.client, model) for _ in sessions]
+    await asyncio.sleep(0.05)
+    server, redis, client, wall = side.cpu_seconds(), redis_cpu(), time.process_time(), time.perf_counter()
+    if concurrent:
+        await asyncio.gather(*(send_pieces(side.client, i, s) for i, s in zip(ids, sessions, strict=True)))
+    else:
+        for session_id, session in zip(ids, sessions, strict=True):
+            await send_pieces(side.client, session_id, session)
+    wall = time.perf_counter() - wall
+    cpu = {"server": side.cpu_seconds() - server, "redis": redis_cpu() - redis, "client": time.process_time() - client}
+    await asyncio.gather(*(close_session(side.client, session_id) for session_id in ids))
+    pieces = sum(len(s.pieces) for s in sessions)
+    return {
+        "pieces": pieces,
+        "server_cpu_ms_per_piece": 1000 * cpu["server"] / pieces,
+        "redis_cpu_ms_per_piece": 1000 * cpu["redis"] / pieces,
+        "client_cpu_ms_per_piece": 1000 * cpu["client"] / pieces,
+        "pieces_per_second": pieces / wall,
+    }
+
+
+async def compare(service: Side, floor: Side, model: str, sessions: list[SessionInput], counts: Sequence[int],
+                  repeats: int, redis_cpu: Any, settle: Any) -> dict[str, Any]:
+    """Per session count: each side's CPU per piece and the service / floor ratio (median of per-repeat ratios)."""
+    from loadtest.bench import in_turn, median
+
+    for side in (service, floor):  # warm-up, untimed
+        await pieces_cpu(side, model, sessions[:1], False, redis_cpu)
+    results: dict[str, Any] = {}
+    for count in counts:
+        concurrent = count > 1
+        chosen = sessions[:count] if concurrent else sessions  # 1: every session, one after another
+        repeats_rows = []
+        for repeat in range(repeats):
+            row: dict[str, Any] = {}
+            for side in in_turn(repeat, service, floor):
+                await settle()
+                row[side.name] = await pieces_cpu(side, model, chosen, concurrent, redis_cpu)
+            row["ratio"] = (row["service"]["server_cpu_ms_per_piece"] / row["floor"]["server_cpu_ms_per_piece"])
+            log.info("  %s sessions, repeat %d: service %.2f ms, floor %.2f ms of server CPU per piece (%.2f)",
+                     count, repeat + 1, row["service"]["server_cpu_ms_per_piece"],
+                     row["floor"]["server_cpu_ms_per_piece"], row["ratio"])
+            repeats_rows.append(row)
+        summary: dict[str, Any] = {"sessions": count, "pieces": repeats_rows[0]["service"]["pieces"],
+                                   "ratio": median([r["ratio"] for r in repeats_rows])}
+        for name in ("service", "floor"):
+            for key in repeats_rows[0][name]:
+                if key != "pieces":
+                    summary[f"{name}_{key}"] = median([r[name][key] for r in repeats_rows])
+        summary["repeats"] = repeats_rows
+        results[str(count)] = summary
+    return results
+
+
+def floor_sessions(bench: Any, task: str, count: int) -> list[SessionInput]:
+    entry, manifest = bench.entry(task)
+    if task == "classify":
+        return inputs.classify_sessions(entry, manifest, inputs.hyperpartisan_texts(bench.data), count,
+                                        bench.counts.pieces)
+    settings = manifest["settings"]
+    values = inputs.etth1_values(bench.data, list(settings["variables"]))
+    return inputs.forecast_sessions(values, int(settings["lookback"]), count, bench.counts.rsa_piece_rows,
+                                    bench.counts.floor_rsa_extra_pieces)
