@@ -11,7 +11,9 @@ and ``rtserve eval`` of an exported entry all drive these state machines one ste
     search.done, search.result()     finished? the chosen ids (without [CLS] / [SEP])
 
 The searches know nothing about the model: ``vocab_ids`` (V,) maps a column of the log-probabilities
-to a token id, ``bos`` starts every sequence and ``eos`` ends it.
+to a token id, ``bos`` starts every sequence and ``eos`` ends it. Given sentence-end ids ``ends`` and a
+``target`` length (the model's summary length), a summary also ends at the first sentence end at or past
+the target, so it never stops mid-sentence because it reached its length.
 """
 
 from __future__ import annotations
@@ -81,9 +83,11 @@ class GreedySearch:
     """
 
     def __init__(self, bos: int, eos: int, vocab_ids: np.ndarray, limit: int, no_repeat: int,
-                 on_token: TokenCallback | None = None) -> None:
+                 on_token: TokenCallback | None = None, ends: frozenset[int] = frozenset(),
+                 target: int | None = None) -> None:
         self.rows = 1
         self.eos, self.vocab_ids, self.limit, self.no_repeat = eos, vocab_ids, limit, no_repeat
+        self.ends, self.target = ends, target if target is not None else limit
         self.on_token = on_token
         self.ban = NgramBan(no_repeat)
         self.sequence = self.ban.sequence
@@ -104,7 +108,7 @@ class GreedySearch:
             if self.on_token is not None:
                 self.on_token(self.sequence)
             self.tokens = np.array([chosen], dtype=np.int64)
-            self.done = self.t >= self.limit
+            self.done = self.t >= self.limit or (chosen in self.ends and self.t >= self.target)
         return np.zeros(1, dtype=np.int64)
 
     def result(self) -> list[int]:
@@ -115,9 +119,10 @@ class BeamSearch:
     """``beams`` rows; hypotheses end at ``eos``; scores are normalised by length ** ``length_penalty``."""
 
     def __init__(self, bos: int, eos: int, vocab_ids: np.ndarray, limit: int, no_repeat: int, beams: int,
-                 length_penalty: float = 1.0) -> None:
+                 length_penalty: float = 1.0, ends: frozenset[int] = frozenset(), target: int | None = None) -> None:
         self.rows = beams
         self.eos, self.vocab_ids, self.limit, self.no_repeat = eos, vocab_ids, limit, no_repeat
+        self.ends, self.target = ends, target if target is not None else limit
         self.length_penalty = length_penalty
         self.bans = [NgramBan(no_repeat) for _ in range(beams)]
         self.sequences: list[list[int]] = [ban.sequence for ban in self.bans]
@@ -149,6 +154,10 @@ class BeamSearch:
             token = int(self.vocab_ids[column])
             if token == self.eos:
                 self.finished.append((self._normalised(value, self.sequences[row]), list(self.sequences[row])))
+                continue
+            if token in self.ends and len(self.sequences[row]) + 1 >= self.target:  # ends at this sentence end
+                ended = [*self.sequences[row], token]
+                self.finished.append((self._normalised(value, ended), ended))
                 continue
             rows.append(row)
             ban = self.bans[row].copy()

@@ -114,6 +114,7 @@ class SRformerConfig:
     raf_threshold: float = 0.01  # the RAF threshold's initial value
     encoder_window: int = 510  # WordPiece tokens per encoder window (+ [CLS], [SEP] = 512)
     max_source: int = 1024  # tokens of a document read (training/eval truncation; 0 = all)
+    salience: bool = False  # a sentence scorer on the encoder's outputs, for sentence copy (below)
     bos_id: int = 101  # [CLS] starts the summary
     eos_id: int = 102  # [SEP] ends it
     pad_id: int = 0
@@ -691,6 +692,15 @@ class SRformer(nn.Module):
         self.embed_out = nn.Linear(config.d_model, config.embed_dim)  # tied to wte after this
         self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.copy_gate = nn.Linear(config.d_model, 1) if config.copy else None
+        # The salience head (models/summary_text.py): a_t = w . e_t + b per source token on the frozen
+        # encoder's output, and the weights p of a sentence's position; sentence copy takes the sentences
+        # whose mean a_t plus position term scores highest. Fitted apart from the decoder
+        # (models/training/srformer_salience.py), as the encoder is frozen.
+        if config.salience:
+            self.salience = nn.Linear(config.embed_dim, 1)
+            self.salience_position = nn.Parameter(torch.zeros(3))
+        else:
+            self.salience, self.salience_position = None, None
 
     # -- encoder side ----------------------------------------------------------------------
     def memory(self, enc: torch.Tensor, mask: torch.Tensor, source_ids: torch.Tensor,
@@ -852,28 +862,31 @@ class SRformer(nn.Module):
     @torch.no_grad()
     def generate(self, memory: list[dict[str, torch.Tensor]], mask: torch.Tensor, source_ids: torch.Tensor,
                  max_len: int | None = None, beams: int = 1, no_repeat_ngram: int = 0,
-                 length_penalty: float = 1.0) -> list[list[int]]:
+                 length_penalty: float = 1.0, ends: frozenset[int] = frozenset()) -> list[list[int]]:
         """Greedy (beams=1) or beam search; returns token ids per document (without [CLS]/[SEP]).
 
         The searches are the service's own (``models.decoding``), driven here by :meth:`step`:
         training's dev selection, ``rtserve eval`` and the service decode the same way. Greedy
         decodes the batch's documents together; beam search one document at a time. The length
-        cap is ``max_len`` or, when None, 1.25 * q of the document (bounded by max_target).
+        cap is ``max_len`` or, when None, 1.25 * q of the document (bounded by max_target); with
+        sentence-end ids ``ends``, a summary also stops at the first sentence end at or past q.
         """
         c = self.config
         vocab_ids, vocab_mask, src_index = self.vocab(source_ids, mask)
         _, q = self.schedule(mask)
         limits = [min(max_len if max_len is not None else int(math.ceil(1.25 * int(q_b))), c.max_target)
                   for q_b in q.tolist()]
+        targets = [min(int(q_b), limit) for q_b, limit in zip(q.tolist(), limits, strict=True)]
         row_vocab = [vocab_ids[b][vocab_mask[b]].cpu().numpy() for b in range(len(limits))]  # sorted ids
         if beams == 1:
-            searches = [GreedySearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram)
+            searches = [GreedySearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram, None, ends, targets[b])
                         for b, limit in enumerate(limits)]
             self._drive(searches, memory, mask, vocab_ids, vocab_mask, src_index)
             return [search.result() for search in searches]
         results = []
         for b, limit in enumerate(limits):
-            search = BeamSearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram, beams, length_penalty)
+            search = BeamSearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram, beams, length_penalty,
+                                ends, targets[b])
             rows = torch.full((beams,), b, dtype=torch.long, device=mask.device)
             self._drive([search], [{n: t.index_select(0, rows) for n, t in mem.items()} for mem in memory],
                         mask[rows], vocab_ids[rows], vocab_mask[rows], src_index[rows])
@@ -991,7 +1004,8 @@ def load_decoder_weights(model: SRformer, checkpoint: Checkpoint) -> None:
 
     The projections are shared by every mode, so a full-attention decoder can be scored or trained
     further as a segmented or SRformer one. What only the SRformer has (the RAF, the gate) keeps its
-    fresh initialisation when the checkpoint was trained in another mode; any other mismatch is an error.
+    fresh initialisation when the checkpoint was trained in another mode, and so does a salience head the
+    checkpoint has not fitted yet; any other mismatch is an error.
     """
     def srformer_only(name: str) -> bool:
         return ".raf." in name or name.endswith(".gate")
@@ -999,6 +1013,8 @@ def load_decoder_weights(model: SRformer, checkpoint: Checkpoint) -> None:
     state_dict = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     trained_mode = checkpoint.config["cross_attention"]
-    fresh = [name for name in missing if trained_mode == "srformer" or not srformer_only(name)]
+    fitted_salience = checkpoint.config.get("salience", False)  # a head fitted later starts fresh
+    fresh = [name for name in missing if (trained_mode == "srformer" or not srformer_only(name))
+             and (fitted_salience or not name.startswith("salience"))]
     if fresh or unexpected:
         raise ValueError(f"{checkpoint.folder} does not fit this model: missing {fresh}, unexpected {list(unexpected)}")

@@ -7,14 +7,16 @@ the segment contract that the service wraps.
     absorb(state, inputs, o) -> state, part          # Eq. 15, 13: K'V and sum(K^2) accumulate
     join(parts)              -> chunk                # append-only keys / values of a piece
     memory(state, chunks)    -> memory, source_ids   # what the decoder attends to
+    document(chunks)         -> text, salience       # what sentence copy reads
     decoder_inputs(...)      -> fixed, cache         # the decode_step graph's inputs at t = 0 (with the
                                                      # output_head graph's, where the model folds it)
 
 A session's bounded state is the cutter's pending text and ids, the last source token, the number of
 encoded tokens and, per decoder layer l, the running ``kv{l}`` (h, dh, dh) and ``ksq{l}`` (h,)
-(Eq. 15: K'V summed over segments; Eq. 13: the norm's sum of squared keys). Each encoder window's
-keys ``k{l}`` and values ``v{l}`` (h, w, dh) and its ids are append-only *chunks*, laid out as the
-manifest's ``chunk_spec`` says. The exporter writes :func:`state_and_chunk_specs` into the manifest;
+(Eq. 15: K'V summed over segments; Eq. 13: the norm's sum of squared keys). Each piece's text, and each
+encoder window's keys ``k{l}`` and values ``v{l}`` (h, w, dh), its ids and (models with a salience head)
+its tokens' salience logits are append-only *chunks*, laid out as the manifest's ``chunk_spec`` says:
+sentence copy and letter case read the document's own text at finish. The exporter writes :func:`state_and_chunk_specs` into the manifest;
 the service reads them back from there, so the per-layer names live here only.
 """
 
@@ -36,14 +38,18 @@ CHUNK_DTYPE = "float16"  # stored keys and values: half the bytes per token (par
 
 
 def state_and_chunk_specs(cutter: SegmentCutter, layers: int, heads: int, head_dim: int, kv_columns: int,
-                          chunk_dtype: str = CHUNK_DTYPE) -> tuple[list[TensorSpec], list[TensorSpec]]:
+                          salience: bool = False, chunk_dtype: str = CHUNK_DTYPE
+                          ) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """The session state (bounded) and the append-only chunk of one piece (grows with the document): the
-    window's ids and, per decoder layer, its cross-attention keys and values, stored as ``chunk_dtype``.
-    The running K'V has ``kv_columns`` columns per head (head_dim, or one more for the kernel form of
-    O_R, whose last column sums phi(K))."""
+    piece's text (UTF-8 bytes: summaries are written in the document's own words and case), the window's
+    ids, per token its salience logit (models with a salience head) and, per decoder layer, its
+    cross-attention keys and values, stored as ``chunk_dtype``. The running K'V has ``kv_columns``
+    columns per head (head_dim, or one more for the kernel form of O_R, whose last column sums phi(K))."""
     state = [*cutter.state_spec(), TensorSpec("last_source_id", "int64", ("batch",)),
              TensorSpec("source_tokens", "int64", ("batch",))]
-    chunk = [TensorSpec("source_ids", "int64", ("batch", "window"))]
+    chunk = [TensorSpec("text", "uint8", ("batch", "text")), TensorSpec("source_ids", "int64", ("batch", "window"))]
+    if salience:
+        chunk.append(TensorSpec("salience", "float32", ("batch", "window")))
     for layer in range(layers):
         state += [TensorSpec(f"kv{layer}", "float32", ("batch", heads, head_dim, kv_columns)),
                   TensorSpec(f"ksq{layer}", "float32", ("batch", heads))]
@@ -61,8 +67,10 @@ class SummaryStream:
         self.cutter = SegmentCutter(tokenizer, int(s["encoder_window"]) + 2, int(s["max_windows"]),
                                     int(s["pending_bytes"]))
         self.max_source = int(s["max_source"]) or None
-        # chunk tensor -> the axis along which windows append (the "window" axis of the chunk spec), its dtype
-        self.window_axis = {spec["name"]: list(spec["shape"]).index("window") for spec in s["chunk_spec"]}
+        # chunk tensor -> the axis along which it grows (its named axis other than "batch"), its dtype
+        self.growing_axis = {spec["name"]: next(i for i, axis in enumerate(spec["shape"])
+                                                if isinstance(axis, str) and axis != "batch")
+                             for spec in s["chunk_spec"]}
         self.chunk_dtype = {spec["name"]: np.dtype(spec["dtype"]) for spec in s["chunk_spec"]}
 
     # ---- reading the document ------------------------------------------------------------------
@@ -105,6 +113,8 @@ class SummaryStream:
         content = inputs["window_ids"]
         new = dict(state)
         part: Arrays = {"source_ids": content}
+        if "salience" in outputs:
+            part["salience"] = np.asarray(outputs["salience"], dtype=np.float32)
         for layer in range(self.layers):
             for kind in ("k", "v"):  # stored as the chunk spec says (float16: half the bytes)
                 part[f"{kind}{layer}"] = outputs[f"{kind}{layer}"].astype(self.chunk_dtype[f"{kind}{layer}"])
@@ -115,11 +125,25 @@ class SummaryStream:
         return new, part
 
     def join(self, parts: list[Arrays]) -> Arrays | None:
-        """The windows one piece closed, as one chunk (None if it closed none)."""
+        """Parts (windows, pieces of text) as one chunk, each tensor joined along its growing axis over the
+        parts that have it (None if no part)."""
         if not parts:
             return None
-        return {name: np.concatenate([part[name] for part in parts], axis=self.window_axis[name])
-                for name in parts[0]}
+        names = dict.fromkeys(name for part in parts for name in part)
+        return {name: np.concatenate([part[name] for part in parts if name in part], axis=self.growing_axis[name])
+                for name in names}
+
+    @staticmethod
+    def text_part(piece: str) -> Arrays:
+        """The chunk part that keeps a piece's text."""
+        return {"text": np.frombuffer(piece.encode("utf-8"), dtype=np.uint8)[None]}
+
+    def document(self, chunks: list[Arrays]) -> tuple[str, np.ndarray | None]:
+        """The document's text as sent, and the salience logit of every token read (None without a head)."""
+        whole = self.join(chunks) or {}
+        text = bytes(whole["text"][0]).decode("utf-8") if "text" in whole else ""
+        salience = whole["salience"][0] if "salience" in whole else None
+        return text, salience
 
     # ---- what the decoder reads ----------------------------------------------------------------
     def memory(self, state: Mapping[str, np.ndarray], chunks: list[Arrays]) -> tuple[Arrays, np.ndarray]:
@@ -127,16 +151,22 @@ class SummaryStream:
         whole = self.join(chunks)
         assert whole is not None, "memory() needs at least one chunk"
         # the decoder reads float32 keys and values (the accumulators were summed in float32 all along)
-        memory = {name: value.astype(np.float32) for name, value in whole.items() if name != "source_ids"}
+        memory = {name: value.astype(np.float32) for name, value in whole.items()
+                  if name not in ("source_ids", "text", "salience")}
         for layer in range(self.layers):
             memory[f"kv{layer}"], memory[f"ksq{layer}"] = state[f"kv{layer}"], state[f"ksq{layer}"]
         return memory, whole["source_ids"]
 
+    def summary_tokens(self, tokens_read: int) -> int:
+        """q: the summary length the model was trained to write (``summary_length``, or ``summary_ratio`` of
+        the tokens read)."""
+        s = self.settings
+        return int(s["summary_length"]) or max(1, math.ceil(float(s["summary_ratio"]) * tokens_read))
+
     def length_limit(self, source_tokens: int, max_length: int | None) -> int:
         """Summary tokens allowed: ``max_length`` or 1.25 q (q = the schedule's summary length), capped."""
-        s = self.settings
-        q = int(s["summary_length"]) or max(1, math.ceil(float(s["summary_ratio"]) * source_tokens))
-        return min(int(max_length) if max_length else math.ceil(1.25 * q), int(s["max_target"]))
+        q = self.summary_tokens(source_tokens)
+        return min(int(max_length) if max_length else math.ceil(1.25 * q), int(self.settings["max_target"]))
 
     def vocabulary(self, source_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Candidate output ids (V,), sorted, and the column of each source token (k,)."""

@@ -185,14 +185,18 @@ def _summarize(argv: Sequence[str]) -> int:
     parser.add_argument("file")
     parser.add_argument("--stream", action="store_true", help="print the summary as it is generated")
     parser.add_argument("--max-length", type=int, help="most summary tokens (default: the model's rule)")
-    parser.add_argument("--beam-size", type=int, help="beam width, 1 = greedy (default: the model's)")
+    parser.add_argument("--beam-size", type=int, help="beam width for free decoding, 1 = greedy (default: the "
+                        "model's)")
+    parser.add_argument("--decoding", choices=["sentence", "free"],
+                        help="sentence: the document's own sentences the model scores highest; free: generated "
+                        "text (default: the model's)")
     args = parser.parse_args(argv)
     text = _read_text(args.file)
     with _client(args) as client:
         if args.stream:
-            _print_stream(client.summarize_stream(text, args.model, args.max_length, args.beam_size))
+            _print_stream(client.summarize_stream(text, args.model, args.max_length, args.beam_size, args.decoding))
         else:
-            _print(client.summarize(text, args.model, args.max_length, args.beam_size))
+            _print(client.summarize(text, args.model, args.max_length, args.beam_size, args.decoding))
     return 0
 
 

@@ -213,13 +213,14 @@ class Client:
         return self.request("POST", "/classify", _options(text=text, model=model))
 
     def summarize(self, text: str, model: str | None = None, max_length: int | None = None,
-                  beam_size: int | None = None) -> dict[str, Any]:
+                  beam_size: int | None = None, decoding: str | None = None) -> dict[str, Any]:
         return self.request("POST", "/summarize", _options(text=text, model=model, max_length=max_length,
-                                                           beam_size=beam_size))
+                                                           beam_size=beam_size, decoding=decoding))
 
     def summarize_stream(self, text: str, model: str | None = None, max_length: int | None = None,
-                         beam_size: int | None = None) -> SummaryStream:
-        body = _options(text=text, model=model, max_length=max_length, beam_size=beam_size, stream=True)
+                         beam_size: int | None = None, decoding: str | None = None) -> SummaryStream:
+        body = _options(text=text, model=model, max_length=max_length, beam_size=beam_size, decoding=decoding,
+                        stream=True)
         return SummaryStream(self._events("/summarize", body))
 
     def forecast(self, rows: Sequence[Sequence[float]], model: str | None = None) -> dict[str, Any]:
@@ -261,14 +262,16 @@ class Session:
         self.seq, self.info = answer["session"]["seq"], answer["session"]
         return answer
 
-    def finish(self, max_length: int | None = None, beam_size: int | None = None) -> dict[str, Any]:
+    def finish(self, max_length: int | None = None, beam_size: int | None = None,
+               decoding: str | None = None) -> dict[str, Any]:
         answer = self.client.request("POST", f"/sessions/{self.id}/finish",
-                                     _options(max_length=max_length, beam_size=beam_size))
+                                     _options(max_length=max_length, beam_size=beam_size, decoding=decoding))
         self.info = answer["session"]
         return answer
 
-    def finish_stream(self, max_length: int | None = None, beam_size: int | None = None) -> SummaryStream:
-        body = _options(max_length=max_length, beam_size=beam_size, stream=True)
+    def finish_stream(self, max_length: int | None = None, beam_size: int | None = None,
+                      decoding: str | None = None) -> SummaryStream:
+        body = _options(max_length=max_length, beam_size=beam_size, decoding=decoding, stream=True)
         return SummaryStream(self.client._events(f"/sessions/{self.id}/finish", body))
 
     def status(self) -> dict[str, Any]:
@@ -336,13 +339,14 @@ class AsyncClient:
         return await self.request("POST", "/classify", _options(text=text, model=model))
 
     async def summarize(self, text: str, model: str | None = None, max_length: int | None = None,
-                        beam_size: int | None = None) -> dict[str, Any]:
+                        beam_size: int | None = None, decoding: str | None = None) -> dict[str, Any]:
         return await self.request("POST", "/summarize", _options(text=text, model=model, max_length=max_length,
-                                                                 beam_size=beam_size))
+                                                                 beam_size=beam_size, decoding=decoding))
 
     def summarize_stream(self, text: str, model: str | None = None, max_length: int | None = None,
-                         beam_size: int | None = None) -> AsyncSummaryStream:
-        body = _options(text=text, model=model, max_length=max_length, beam_size=beam_size, stream=True)
+                         beam_size: int | None = None, decoding: str | None = None) -> AsyncSummaryStream:
+        body = _options(text=text, model=model, max_length=max_length, beam_size=beam_size, decoding=decoding,
+                        stream=True)
         return AsyncSummaryStream(self._events("/summarize", body))
 
     async def forecast(self, rows: Sequence[Sequence[float]], model: str | None = None) -> dict[str, Any]:
@@ -368,14 +372,16 @@ class AsyncSession:
         self.seq, self.info = answer["session"]["seq"], answer["session"]
         return answer
 
-    async def finish(self, max_length: int | None = None, beam_size: int | None = None) -> dict[str, Any]:
+    async def finish(self, max_length: int | None = None, beam_size: int | None = None,
+               decoding: str | None = None) -> dict[str, Any]:
         answer = await self.client.request("POST", f"/sessions/{self.id}/finish",
-                                           _options(max_length=max_length, beam_size=beam_size))
+                                           _options(max_length=max_length, beam_size=beam_size, decoding=decoding))
         self.info = answer["session"]
         return answer
 
-    def finish_stream(self, max_length: int | None = None, beam_size: int | None = None) -> AsyncSummaryStream:
-        body = _options(max_length=max_length, beam_size=beam_size, stream=True)
+    def finish_stream(self, max_length: int | None = None, beam_size: int | None = None,
+                      decoding: str | None = None) -> AsyncSummaryStream:
+        body = _options(max_length=max_length, beam_size=beam_size, decoding=decoding, stream=True)
         return AsyncSummaryStream(self.client._events(f"/sessions/{self.id}/finish", body))
 
     async def status(self) -> dict[str, Any]:

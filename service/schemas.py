@@ -83,9 +83,20 @@ STREAM_DESCRIPTION = (
 )
 MAX_LENGTH_DESCRIPTION = (
     "Most summary tokens (WordPiece tokens) to generate. Default: the model's own length rule (a share "
-    "of the document's length, see `GET /models`). The summary ends at a word boundary at or below it."
+    "of the document's length, see `GET /models`). The summary ends at a word boundary at or below it; sentence "
+    "copy writes whole sentences only, so a `max_length` below every sentence's length gives an empty summary."
 )
-BEAM_SIZE_DESCRIPTION = "Beam width: 1 is greedy search (streams word by word), 2-8 beam search. Default: the model's."
+BEAM_SIZE_DESCRIPTION = ("Beam width for `decoding` free: 1 is greedy search (streams word by word), 2-8 beam search. "
+                         "Default: the model's.")
+DECODING_DESCRIPTION = (
+    "How the summary is written. `sentence`: whole sentences of the document, as the document writes them "
+    "(its case, spacing and words), chosen by the model's salience scores up to the model's summary length "
+    "and kept in the document's order; it never splices sentences, and streams a sentence at a time. `free`: "
+    "the decoder generates the text token by token (no repeated trigrams, ending at a sentence end past the "
+    "model's length), with the document's letter case restored. Default: the model's (`GET /models`: "
+    "`settings.decoding`); `sentence` needs a model with a salience head."
+)
+Decoding = Literal["sentence", "free"]
 
 
 class FieldError(BaseModel):
@@ -165,11 +176,18 @@ class SummarizeRequest(BaseModel):
     stream: StrictBool = Field(False, description=STREAM_DESCRIPTION, examples=[False])
     max_length: MaxLength | None = Field(None, description=MAX_LENGTH_DESCRIPTION, examples=[60])
     beam_size: BeamSize | None = Field(None, description=BEAM_SIZE_DESCRIPTION, examples=[1])
+    decoding: Decoding | None = Field(None, description=DECODING_DESCRIPTION, examples=["sentence"])
+
+    def options(self) -> dict[str, object]:
+        return {"max_length": self.max_length, "beam_size": self.beam_size, "decoding": self.decoding}
 
 
 class SummaryResult(Reading):
-    summary: str = Field(description="The summary (detokenized text).", examples=["Shares in the bank rose 5%."])
-    summary_tokens: int = Field(description="Tokens generated.", examples=[64])
+    summary: str = Field(description="The summary, in the document's letter case.",
+                         examples=["Shares in the bank rose 5% on Monday."])
+    summary_tokens: int = Field(description="Tokens in the summary (WordPiece).", examples=[64])
+    decoding: Decoding = Field(description="How it was written (see the request's `decoding`).",
+                               examples=["sentence"])
 
 
 class SummarizeResponse(SummaryResult):
@@ -299,6 +317,11 @@ class FinishRequest(BaseModel):
                                          examples=[60])
     beam_size: BeamSize | None = Field(None, description="Summaries only. " + BEAM_SIZE_DESCRIPTION,
                                         examples=[1])
+    decoding: Decoding | None = Field(None, description="Summaries only. " + DECODING_DESCRIPTION,
+                                      examples=["sentence"])
+
+    def options(self) -> dict[str, object]:
+        return {"max_length": self.max_length, "beam_size": self.beam_size, "decoding": self.decoding}
 
 
 SESSION_AFTER = Field(description="The session after finishing (`status` finished).")

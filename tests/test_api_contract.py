@@ -125,8 +125,9 @@ def test_metrics_after_one_request_of_each_kind(client):
     """Every family and label, after one request of each kind: one-shot, session piece, finish, status, delete,
     an error, docs."""
     client.post("/classify", json={"text": TEXT})
-    client.post("/summarize", json={"text": TEXT, "max_length": 12})
-    with client.stream("POST", "/summarize", json={"text": TEXT, "max_length": 12, "stream": True}) as events:
+    client.post("/summarize", json={"text": TEXT, "max_length": 12, "decoding": "free"})
+    with client.stream("POST", "/summarize", json={"text": TEXT, "max_length": 12, "stream": True,
+                                                   "decoding": "free"}) as events:
         events.read()
     client.post("/forecast", json={"rows": rows(LOOKBACK)})
     session = client.post("/sessions", json={"task": "classify"}).json()

@@ -1,6 +1,7 @@
 """The summarize endpoint and summarization sessions, over HTTP with a real Redis."""
 
 import json
+import re
 import time
 
 import numpy as np
@@ -21,41 +22,53 @@ def repository(summarize_repository):
     return summarize_repository
 
 
-def test_summary_equals_the_eager_models_greedy_summary(client, repository):
+@pytest.mark.parametrize("decoding", ["sentence", "free"])
+def test_summary_equals_the_eager_models_summary(client, repository, decoding):
     from models.minilm import load_minilm_encoder, load_minilm_tokenizer
     from models.serving.srformer import EagerSummarizer
     from models.srformer import load_srformer
 
-    response = client.post("/summarize", json={"text": TEXT, "max_length": 40})
+    response = client.post("/summarize", json={"text": TEXT, "max_length": 40, "decoding": decoding})
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["model"] == "srformer-tiny:1" and body["tokens_read"] > 60 and 0 < body["summary_tokens"] <= 40
+    assert body["decoding"] == decoding
     stream = EagerSummarizer(load_srformer(str(repository[1])), load_minilm_encoder(), load_minilm_tokenizer())
-    assert body["summary"] == stream.summarize(TEXT, no_repeat_ngram=3, max_len=40)
+    assert body["summary"] == stream.summarize(TEXT, no_repeat_ngram=3, max_len=40, decoding=decoding)
+    assert body["summary"][:1].isupper()  # the document's case: an uncased vocabulary does not show
 
 
-def test_stream_in_random_pieces_equals_whole_and_writes_only_new_state(client):
+def test_the_default_decoding_of_a_model_with_a_salience_head_copies_whole_sentences(client):
+    body = client.post("/summarize", json={"text": TEXT}).json()
+    assert body["decoding"] == "sentence"
+    copied = re.split(r"(?<=\.) ", body["summary"])
+    assert copied and all(sentence in TEXT for sentence in copied), body["summary"]
+
+
+@pytest.mark.parametrize("decoding", ["sentence", "free"])
+def test_stream_in_random_pieces_equals_whole_and_writes_only_new_state(client, decoding):
     rng = np.random.default_rng()
-    whole = client.post("/summarize", json={"text": TEXT, "max_length": 40}).json()["summary"]
+    whole = client.post("/summarize", json={"text": TEXT, "max_length": 40, "decoding": decoding}).json()["summary"]
     session = client.post("/sessions", json={"task": "summarize"}).json()
     url = f"/sessions/{session['id']}"
     previous_bytes = client.get(url).json()["state_bytes"]
     for seq, piece in enumerate(random_pieces(list(TEXT), rng, 60), start=1):
-        response = client.post(f"{url}/segments", json={"seq": seq, "text": "".join(piece)})
+        text = "".join(piece)
+        response = client.post(f"{url}/segments", json={"seq": seq, "text": text})
         assert response.status_code == 200, response.text
         status = response.json()["session"]
-        # a piece adds its own windows' keys/values (2 layers x k,v x 2 heads x 16 dims x fp32 + id per token),
-        # plus the bounded state's safetensors header: never a rewrite of what came before
-        per_token = 2 * 2 * 2 * 16 * 4 + 8
-        assert status["state_bytes"] - previous_bytes <= per_token * max(status["consumed"], 0) + 4096
+        # a piece adds its own text and windows: keys/values (2 layers x k,v x 2 heads x 16 dims x fp32), id and
+        # salience per token, plus the bounded state's safetensors header: never a rewrite of what came before
+        per_token = 2 * 2 * 2 * 16 * 4 + 8 + 4
+        grown = status["state_bytes"] - previous_bytes
+        assert grown <= per_token * max(status["consumed"], 0) + len(text.encode()) + 4096
         previous_bytes = status["state_bytes"]
-    final = client.post(f"{url}/finish", json={"max_length": 40}).json()
+    final = client.post(f"{url}/finish", json={"max_length": 40, "decoding": decoding}).json()
     assert final["summary"] == whole
 
 
-def test_summary_streams_as_server_sent_events(client):
-    with client.stream("POST", "/summarize", json={"text": TEXT, "max_length": 30},
-                       headers={"accept": "text/event-stream"}) as response:
+def _events(client, url, body):
+    with client.stream("POST", url, json=body, headers={"accept": "text/event-stream"}) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events, data = [], []
@@ -65,15 +78,30 @@ def test_summary_streams_as_server_sent_events(client):
             elif line.startswith("data:"):
                 data.append(json.loads(line.split(":", 1)[1]))
     assert events[-1] == "done" and events.count("token") >= 1
-    streamed = "".join(d["text"] for d, e in zip(data, events, strict=True) if e == "token")
-    assert streamed == data[-1]["summary"]
-    plain = client.post("/summarize", json={"text": TEXT, "max_length": 30}).json()
-    assert plain["summary"] == data[-1]["summary"]
+    return "".join(d["text"] for d, e in zip(data, events, strict=True) if e == "token"), data[-1]
+
+
+@pytest.mark.parametrize("decoding", ["sentence", "free"])
+def test_summary_streams_as_server_sent_events_one_shot_and_session(client, decoding):
+    streamed, done = _events(client, "/summarize", {"text": TEXT, "max_length": 30, "decoding": decoding})
+    assert streamed == done["summary"]
+    plain = client.post("/summarize", json={"text": TEXT, "max_length": 30, "decoding": decoding}).json()
+    assert plain["summary"] == done["summary"]
+    session = client.post("/sessions", json={"task": "summarize"}).json()
+    url = f"/sessions/{session['id']}"
+    for seq, piece in enumerate((TEXT[:101], TEXT[101:250], TEXT[250:]), start=1):
+        assert client.post(f"{url}/segments", json={"seq": seq, "text": piece}).status_code == 200
+    streamed, done = _events(client, f"{url}/finish", {"max_length": 30, "decoding": decoding})
+    assert streamed == done["summary"] == plain["summary"]
 
 
 def test_beam_search_and_documents_without_a_visible_character_are_422(client):
-    beam = client.post("/summarize", json={"text": TEXT, "max_length": 20, "beam_size": 3})
+    beam = client.post("/summarize", json={"text": TEXT, "max_length": 20, "beam_size": 3, "decoding": "free"})
     assert beam.status_code == 200 and beam.json()["summary_tokens"] <= 20
+    both = client.post("/summarize", json={"text": TEXT, "beam_size": 3, "decoding": "sentence"})
+    assert both.status_code == 422 and both.json()["errors"][0]["loc"] == ["body", "beam_size"], both.text
+    unknown = client.post("/summarize", json={"text": TEXT, "decoding": "abstractive"})
+    assert unknown.status_code == 422 and unknown.json()["errors"][0]["loc"] == ["body", "decoding"]
     for text in ("", "   \n\t", "\u0000\u0000", "\u3000\ufeff\u0085"):
         for stream in (False, True):  # refused before a stream begins: a JSON 422, never an empty summary
             empty = client.post("/summarize", json={"text": text, "stream": stream})
@@ -123,7 +151,8 @@ async def test_different_documents_share_decode_batches_and_each_equals_its_solo
     assert "output_head" in model.batchers  # candidates from the document: the output layer is folded per document
     decode = model.batchers["decode_step"]
     decode.backend = recording = RecordingBackend(decode.backend)
-    options = [{"max_length": 40}, {"max_length": 25}, {"max_length": 33, "beam_size": 3}, {"max_length": 12}]
+    options = [{"max_length": 40, "decoding": "free"}, {"max_length": 25, "decoding": "free"},
+               {"max_length": 33, "beam_size": 3, "decoding": "free"}, {"max_length": 12, "decoding": "free"}]
     solo = []
     for text, option in zip(DOCUMENTS, options, strict=True):
         _, finished = await run_whole(model.pipeline, text, options=option)
@@ -157,7 +186,8 @@ async def test_different_documents_share_decode_batches_and_each_equals_its_solo
 @pytest.mark.slow
 async def test_a_model_over_all_of_wordpiece_folds_no_output_layer_and_serves_the_eager_summary(tmp_path):
     """Folded per document, the output layer of a model over all 30,522 ids would be 30,522 x d numbers per
-    row: such a model's decode graph applies it as written, and no output_head graph is exported."""
+    row: such a model's decode graph applies it as written, and no output_head graph is exported. This one has
+    no salience head either: it writes freely by default, and refuses sentence copy with a 422."""
     from export.exporter import export_checkpoint
     from models.minilm import load_minilm_encoder, load_minilm_tokenizer
     from models.serving.srformer import EagerSummarizer
@@ -167,7 +197,9 @@ async def test_a_model_over_all_of_wordpiece_folds_no_output_layer_and_serves_th
     from service.settings import Settings
     from tests.tiny_checkpoints import tiny_srformer
 
-    checkpoint = tiny_srformer(tmp_path / "weights" / "srformer-wordpiece", output_vocab="full")
+    from service.runtime.pipeline import InputError
+
+    checkpoint = tiny_srformer(tmp_path / "weights" / "srformer-wordpiece", output_vocab="full", salience=False)
     entry = export_checkpoint(checkpoint, tmp_path / "repository", formats=("onnx",))
     manifest = json.loads((entry / "manifest.json").read_text())
     assert [graph["name"] for graph in manifest["graphs"]] == ["encode_window", "decode_step"]
@@ -175,6 +207,8 @@ async def test_a_model_over_all_of_wordpiece_folds_no_output_layer_and_serves_th
     _, finished = await run_whole(model.pipeline, TEXT, options={"max_length": 20})
     eager = EagerSummarizer(load_srformer(str(checkpoint)), load_minilm_encoder(), load_minilm_tokenizer())
     assert finished.result["summary"] == eager.summarize(TEXT, no_repeat_ngram=3, max_len=20)
-    assert finished.result["summary_tokens"] > 0
+    assert finished.result["summary_tokens"] > 0 and finished.result["decoding"] == "free"
+    with pytest.raises(InputError, match="no salience head"):
+        await run_whole(model.pipeline, TEXT, options={"decoding": "sentence"})
     for runner in model.batchers.values():
         await runner.close()

@@ -70,15 +70,19 @@ def read(summarizer: EagerSummarizer, parts: list[str]) -> tuple[dict, list]:
 
 
 @pytest.mark.parametrize("mode,max_source,options", [("srformer", 0, {}), ("full", 0, {}), ("srformer", 150, {}),
-                                                    ("srformer", 0, {"recurrent_norm": "kernel"})])
+                                                    ("srformer", 0, {"recurrent_norm": "kernel"}),
+                                                    ("full", 150, {"salience": True})])
 def test_stream_equals_whole_document(summarizer_factory, mode, max_source, options):
     summarizer = summarizer_factory(mode, max_source, **options)
     text = document(seed=3, words=160)
     whole = summarizer.summarize(text, max_len=12)
     assert len(whole) > 0
-    whole_memory, whole_ids = summarizer.close(*read(summarizer, [text]))
-    streamed_memory, streamed_ids = summarizer.close(*read(summarizer, pieces(text, seed=11)))
+    whole_memory, whole_ids, whole_text, whole_salience = summarizer.close(*read(summarizer, [text]))
+    streamed_memory, streamed_ids, streamed_text, streamed_salience = summarizer.close(
+        *read(summarizer, pieces(text, seed=11)))
     assert np.array_equal(streamed_ids, whole_ids)
+    assert streamed_text == whole_text == text  # the document's own text, for sentence copy and its case
+    assert whole_salience is None or np.array_equal(streamed_salience, whole_salience)
     for name in whole_memory:
         assert np.array_equal(streamed_memory[name], whole_memory[name]), name
     assert summarizer.summarize_pieces(pieces(text, seed=11), max_len=12) == whole
@@ -113,13 +117,15 @@ def test_per_piece_state_write_is_bounded_by_piece_size(summarizer_factory):
         # the bounded state never grows with the document ...
         assert {name: value.shape for name, value in new.items()} == {n: v.shape for n, v in state.items()}
         assert sum(value.nbytes for value in new.values()) == state_bytes
-        # ... and a piece appends only the windows it closed: at most the open window plus its own tokens
+        # ... and a piece appends its own text and only the windows it closed: at most the open window plus
+        # its own tokens
         if chunk is not None:
-            tokens = chunk["source_ids"].shape[1]
-            assert sum(value.nbytes for value in chunk.values()) == tokens * per_token
+            tokens = chunk["source_ids"].shape[1] if "source_ids" in chunk else 0
+            assert sum(value.nbytes for value in chunk.values()) == tokens * per_token + len(piece.encode("utf-8"))
             assert tokens <= len(piece.encode("utf-8")) + window + c.encoder_window
             appended += tokens
             chunks.append(chunk)
         state = new
-    _, source_ids = summarizer.close(state, chunks)
+    _, source_ids, text, _ = summarizer.close(state, chunks)
+    assert text == "".join(text_pieces)
     assert appended > 0 and 0 <= source_ids.shape[1] - appended <= window  # finish closes only the open window

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from service.runtime.detokenize import Detokenizer, WordStream, clean_spacing
+from models.detokenize import Detokenizer, WordStream, clean_spacing
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "bbc-news-summary"  # as tests/test_bench.py finds it

@@ -18,17 +18,21 @@ which the service wraps (``service/runtime/summarize.py``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn as nn
 
 from models.checkpoint import Checkpoint
+from models.detokenize import Detokenizer, sentence_end_ids
 from models.minilm import load_minilm_encoder
 from models.segment import TensorSpec
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
 from models.srformer import SRformer, SRformerConfig, kernel_product, load_srformer
 from models.summary_stream import Arrays, SummaryStream, state_and_chunk_specs
+from models.summary_text import DocumentCase, copy_sentences
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
 
@@ -49,6 +53,8 @@ class EncodeWindow(nn.Module):
         outputs: list[torch.Tensor] = []
         for mem in self.model.memory(enc, mask, window_ids, first_prev):
             outputs += [mem["k"], mem["v"], mem["kv"], mem["ksq"]]
+        if self.model.salience is not None:  # a_t per token (models/summary_text.py)
+            outputs.append(self.model.salience(enc).squeeze(-1))
         return tuple(outputs)
 
 
@@ -141,6 +147,8 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
                            TensorSpec(f"v{layer}", "float32", ("batch", h, "window", dh)),
                            TensorSpec(f"kv{layer}", "float32", ("batch", h, dh, c.kv_columns)),
                            TensorSpec(f"ksq{layer}", "float32", ("batch", h))]
+    if c.salience:
+        window_outputs.append(TensorSpec("salience", "float32", ("batch", "window")))
     encode = Graph(
         name="encode_window",
         module=EncodeWindow(model, encoder),
@@ -205,9 +213,11 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         sample_inputs=head_sample,
         onnx_exporter="torchscript",
     )
-    state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh, c.kv_columns)
+    state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh, c.kv_columns, c.salience)
     extras = checkpoint.extras
-    decode_defaults = extras.get("decode", extras)  # the search settings chosen on dev, where recorded
+    decode_defaults = extras.get("decode", extras)  # the decoding chosen on dev, where recorded
+    decoding = str(decode_defaults.get("decoding", "sentence" if c.salience else "free"))
+    position = model.salience_position.tolist() if model.salience_position is not None else None
     return Servable(
         name="",
         task="summarize",
@@ -216,6 +226,8 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         state_spec=state_spec,
         settings={
             **stream_settings(c),
+            "decoding": decoding,
+            "salience_position": position,
             "beam_size": int(decode_defaults.get("beams", 1) or 1),
             "no_repeat_ngram": int(decode_defaults.get("no_repeat_ngram", 0) or 0),
             "metrics": extras.get("test_rouge", extras.get("metrics", {})),
@@ -240,7 +252,7 @@ def stream_settings(c: SRformerConfig) -> dict[str, object]:
     """What :class:`SummaryStream` reads from a manifest: the schedule, the windows, the chunk layout."""
     h, dh = c.n_head, c.d_model // c.n_head
     cutter = stream_cutter(c)
-    _, chunk_spec = state_and_chunk_specs(cutter, c.n_layer, h, dh, c.kv_columns)
+    _, chunk_spec = state_and_chunk_specs(cutter, c.n_layer, h, dh, c.kv_columns, c.salience)
     return {
         "cross_attention": c.cross_attention,
         "recurrent_norm": c.recurrent_norm,
@@ -276,8 +288,9 @@ class EagerSummarizer:
         self.stream = SummaryStream(stream_settings(model.config), tokenizer)
         c = model.config
         self.state_spec, _ = state_and_chunk_specs(stream_cutter(c), c.n_layer, c.n_head, c.d_model // c.n_head,
-                                                   c.kv_columns)
+                                                   c.kv_columns, c.salience)
         self.window_outputs = [f"{kind}{layer}" for layer in range(c.n_layer) for kind in ("k", "v", "kv", "ksq")]
+        self.window_outputs += ["salience"] if c.salience else []
 
     def init_state(self) -> dict[str, np.ndarray]:
         """``init_state(1)``: zeros, and [CLS] as the token before the first window."""
@@ -300,32 +313,50 @@ class EagerSummarizer:
         return state, self.stream.join(parts)
 
     def feed(self, state: dict[str, np.ndarray], text: str) -> tuple[dict[str, np.ndarray], Arrays | None]:
-        """One text piece: the new bounded state and the chunk it appends (None if it closed no window)."""
+        """One text piece: the new bounded state and the chunk it appends (the piece's text and the windows
+        it closed; None for an empty piece), as the service's pipeline does."""
         cut, windows = self.stream.feed(state, text)
-        return self._encode(cut, windows)
+        new, chunk = self._encode(cut, windows)
+        parts = [self.stream.text_part(text)] if text else []
+        return new, self.stream.join([*parts, *([chunk] if chunk is not None else [])])
 
-    def close(self, state: dict[str, np.ndarray], chunks: list[Arrays]) -> tuple[Arrays, np.ndarray]:
-        """End of document: the last window closed; the decoder's memory and the source ids."""
+    def close(self, state: dict[str, np.ndarray], chunks: list[Arrays]
+              ) -> tuple[Arrays, np.ndarray, str, np.ndarray | None]:
+        """End of document: the last window closed; the decoder's memory, the source ids, the text and the
+        salience logits of the tokens read (None without a head)."""
         cut, windows = self.stream.flush(state)
         final, chunk = self._encode(cut, windows)
-        return self.stream.memory(final, [*chunks, chunk] if chunk is not None else chunks)
+        chunks = [*chunks, chunk] if chunk is not None else chunks
+        memory, source_ids = self.stream.memory(final, chunks)
+        return (memory, source_ids, *self.stream.document(chunks))
 
     def summarize_pieces(self, pieces: list[str], beams: int = 1, no_repeat_ngram: int = 0,
-                         max_len: int | None = None) -> str:
+                         max_len: int | None = None, decoding: str | None = None) -> str:
+        """The summary the service writes for these pieces (``decoding``: the model's default when None)."""
         state, chunks = self.init_state(), []
         for piece in pieces:
             state, chunk = self.feed(state, piece)
             if chunk is not None:
                 chunks.append(chunk)
-        memory, source_ids = self.close(state, chunks)
+        memory, source_ids, text, salience = self.close(state, chunks)
         c = self.model.config
+        read = source_ids.shape[1]
+        decoding = decoding or ("sentence" if c.salience else "free")
+        if decoding == "sentence":
+            assert salience is not None and self.model.salience_position is not None, "no salience head"
+            target = c.summary_length or max(1, math.ceil(c.summary_ratio * read))
+            sentences = copy_sentences(text, self.tokenizer, salience, read, self.model.salience_position.tolist(),
+                                       target, max_len)
+            return " ".join(sentence for sentence, _ in sentences)
         layers = [{kind: torch.from_numpy(memory[f"{kind}{layer}"]) for kind in ("k", "v", "kv", "ksq")}
                   for layer in range(c.n_layer)]
         ids = torch.from_numpy(source_ids)
         mask = torch.ones_like(ids, dtype=torch.bool)
-        summary = self.model.generate(layers, mask, ids, max_len=max_len, beams=beams,
-                                      no_repeat_ngram=no_repeat_ngram)[0]
-        return self.tokenizer.decode(summary)  # type: ignore[attr-defined]
+        summary = self.model.generate(layers, mask, ids, max_len=max_len, beams=beams, no_repeat_ngram=no_repeat_ngram,
+                                      ends=sentence_end_ids(self.tokenizer))[0]
+        detokenizer = Detokenizer(self.tokenizer)
+        known = detokenizer.vocabulary(source_ids[0]) if c.output_vocab != "full" else None
+        return detokenizer.text(summary, known, DocumentCase(text))
 
     def summarize(self, text: str, **options: object) -> str:
         """Whole document: one piece."""

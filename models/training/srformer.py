@@ -132,10 +132,17 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
 
 def load_examples(data: Path, split: str, max_source: int, window: int, limit: int | None = None,
                   device: str = "cpu") -> list[Example]:
+    corpus = corpus_of(data)
+    keys = corpus.split_keys(data, split)[:limit] if limit else corpus.split_keys(data, split)
+    return load_examples_of(data, keys, max_source, window, device)
+
+
+def load_examples_of(data: Path, keys: list[str], max_source: int, window: int = 510,
+                     device: str = "cpu") -> list[Example]:
+    """The cached examples of ``keys`` (encoding those not cached yet), in that order."""
     from safetensors import safe_open
 
     corpus = corpus_of(data)
-    keys = corpus.split_keys(data, split)[:limit] if limit else corpus.split_keys(data, split)
     folder = build_cache(data, keys, max_source, window, device=device)  # encodes only what is missing
     shard_of = {key: shard for shard, shard_keys in _cache_index(folder).items() for key in shard_keys}
     out = []
@@ -550,11 +557,14 @@ def ship_main(argv: Sequence[str]) -> int:
     parser.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored weight type")
     parser.add_argument("--beams", type=int, default=1, help="the service's default search (chosen on dev)")
     parser.add_argument("--no-repeat-ngram", type=int, default=0, help="the service's default (chosen on dev)")
+    parser.add_argument("--decoding", choices=["sentence", "free"],
+                        help="the service's default decoding (chosen on dev; default: sentence with a salience head)")
     args = parser.parse_args(list(argv))
     checkpoint = load_checkpoint(args.checkpoint)
     dtype = getattr(torch, args.dtype)
     weights = {name: t.to(dtype) if t.is_floating_point() else t for name, t in checkpoint.state_dict.items()}
-    decode = {"beams": args.beams, "no_repeat_ngram": args.no_repeat_ngram}
+    decoding = args.decoding or ("sentence" if checkpoint.config.get("salience") else "free")
+    decode = {"decoding": decoding, "beams": args.beams, "no_repeat_ngram": args.no_repeat_ngram}
     extras = dict(checkpoint.extras, decode=decode, weights_dtype=args.dtype, source_run=str(args.checkpoint))
     save_checkpoint(args.out, "srformer", checkpoint.config, weights, extras)
     size = sum(f.stat().st_size for f in args.out.iterdir())

@@ -120,7 +120,7 @@ async def finish_session(
 ) -> BaseModel | EventSourceResponse:
     started = time.perf_counter()
     stream = wants_event_stream(request, body.stream if body else False)
-    options = {"max_length": body.max_length, "beam_size": body.beam_size} if body else {}
+    options = body.options() if body else {}
     finishing: Finishing = await flow.finish(session_id, owner, stream=stream, options=options)
     finished, pipeline = finishing.finished, finishing.model.pipeline
     request.state.model = finishing.meta.model

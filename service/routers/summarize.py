@@ -20,16 +20,18 @@ router = APIRouter(tags=["summarize"], route_class=JSONBodyRoute)
     responses=sse_answer("SummarizeResponse", "The summary: JSON, or Server-Sent Events with `stream` (or "
                          "`Accept: text/event-stream`).") | responses(*BODY, 401, 404),
     summary="Summarize a document (add `\"stream\": true` for Server-Sent Events)",
-    description="The encoder reads the document window by window (recurrent memory between windows); the "
-    "decoder then writes the summary with greedy or beam search. With `stream`, greedy search sends the text "
-    "word by word as it is generated; beam search sends it once, at the end.",
+    description="The encoder reads the document window by window (recurrent memory between windows). With "
+    "`decoding` sentence (the default of models with a salience head) the summary is the document's own "
+    "sentences the model scores highest, up to its summary length, in the document's order; with `free` the "
+    "decoder writes it with greedy or beam search. With `stream`, sentence copy sends a sentence at a time, "
+    "greedy search the text word by word as it is generated, beam search all of it at the end.",
 )
 async def summarize(body: SummarizeRequest, call: OneShotDep) -> SummarizeResponse | EventSourceResponse:
     check_text(body.text, call.settings, document=True)  # the input first: a 422 says what to change
     model = call.model(body.model, "summarize")
     stream = wants_event_stream(call.request, body.stream)
     meter = GenerationMeter(call.metrics, model.ref, stream)
-    options = {"max_length": body.max_length, "beam_size": body.beam_size}
+    options = body.options()
     _, finished = await run_whole(model, body.text, stream=stream, options=options)
     if finished.tokens is not None:
         async def done() -> SummarizeResponse:

@@ -10,6 +10,9 @@ is kept only when the document has it, piece for piece. That removes two artifac
 from pieces of different document words (``kil`` + ``##rfield``), and a word cut at the length cap (``compan``
 before ``##y`` could come): a summary always ends at a word boundary.
 
+With a :class:`models.summary_text.DocumentCase`, each word then takes the letter case the document writes it
+with, and sentence starts are capitalised: an uncased vocabulary does not show in the text.
+
 Streaming (:class:`WordStream`) sends text only once the words it holds can no longer change: a word is complete
 when the next word starts, and the last two words are held back because spacing clean-up may still join them
 with what follows. The pieces, concatenated, are exactly the final summary.
@@ -22,6 +25,8 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer
 
+from models.summary_text import DocumentCase
+
 # (pattern, replacement), applied in order to the decoder's text
 _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"(\w) ' (s|t|re|ve|m|ll|d)\b"), r"\1'\2"),  # year ' s, don ' t
@@ -32,6 +37,7 @@ _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"([$£€#@]) (?=\w)"), r"\1"),  # $ 1 (currency before a number)
     (re.compile(r"([(\[{]) "), r"\1"),  # ( bbc
     (re.compile(r" ([)\]}.,!?;:%])"), r"\1"),  # bbc ), 5 %, end .
+    (re.compile(r"< (dig|cit) >"), r"<\1>"),  # SumPubMed's placeholders, written as its documents write them
 ]  # (quotes stay as the decoder spaces them: which quote opens and which closes is not local to a few words)
 
 
@@ -62,12 +68,21 @@ class Detokenizer:
         """The document's words, piece for piece."""
         return frozenset(self.words(source_ids))
 
-    def text(self, ids: Iterable[int], known: frozenset[tuple[int, ...]] | None = None) -> str:
-        """The summary text of ``ids``; with ``known``, only words the document has (see module docstring)."""
+    def text(self, ids: Iterable[int], known: frozenset[tuple[int, ...]] | None = None,
+             case: DocumentCase | None = None) -> str:
+        """The summary text of ``ids``; with ``known``, only words the document has; with ``case``, in the
+        document's letter case (see module docstring)."""
         words = self.words(ids)
         if known is not None:
             words = [word for word in words if word in known]
-        return clean_spacing(self.tokenizer.decode([token for word in words for token in word]))
+        text = clean_spacing(self.tokenizer.decode([token for word in words for token in word]))
+        return case.restore(text) if case is not None else text
+
+
+def sentence_end_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """Ids of the tokens that end a sentence (``.``, ``!``, ``?``)."""
+    vocabulary = tokenizer.get_vocab()
+    return frozenset(vocabulary[mark] for mark in ".!?" if mark in vocabulary)
 
 
 class WordStream:
@@ -75,8 +90,9 @@ class WordStream:
 
     HELD_WORDS = 2
 
-    def __init__(self, detokenizer: Detokenizer, known: frozenset[tuple[int, ...]] | None) -> None:
-        self.detokenizer, self.known = detokenizer, known
+    def __init__(self, detokenizer: Detokenizer, known: frozenset[tuple[int, ...]] | None,
+                 case: DocumentCase | None = None) -> None:
+        self.detokenizer, self.known, self.case = detokenizer, known, case
         self.sent = ""
 
     def update(self, ids: list[int]) -> str | None:
@@ -85,7 +101,7 @@ class WordStream:
         if len(words) <= 1:
             return None
         complete = [token for word in words[:-1] for token in word]  # the last word may still grow
-        text = self.detokenizer.text(complete, self.known)
+        text = self.detokenizer.text(complete, self.known, self.case)
         cut = _start_of_held_words(text, self.HELD_WORDS)
         if cut <= len(self.sent) or not text.startswith(self.sent):
             return None

@@ -1,0 +1,178 @@
+"""The document's own text behind a summary: its sentences, which tokens the model read of each, the
+sentence-copy choice and the document's letter case. numpy and ``tokenizers`` only: the service, the
+training recipe and the tests share it.
+
+Sentence copy (``decoding="sentence"``) writes whole sentences of the document, as the document writes
+them. The model's salience head (``models/srformer.py``, ``SRformerConfig.salience``) gives every source
+token t a logit a_t = w . e_t + b on the frozen encoder's output e_t; a sentence j of n, with tokens S_j,
+scores
+
+    z_j = mean_{t in S_j} a_t + p_0 [j = 0] + p_1 / (1 + j) + p_2 j / n          (sentence score)
+
+(the mean of a linear map is the map of the mean: a logistic regression on the sentence's mean encoder
+output and its position). The highest-scoring sentences are taken until the summary is as long as the
+model's summary length (``summary_ratio`` of the tokens read, or ``summary_length``): a sentence is taken
+when it brings the length nearer that target, and they are written in the document's order.
+
+Free generation (``decoding="free"``) writes WordPiece tokens of an uncased vocabulary: :class:`DocumentCase`
+gives each generated word the letter case (and accents) the document writes it with, and capitalises
+sentence starts.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from models.sentences import capitalised, is_uncased, sentence_spans
+
+MIN_SENTENCE_WORDS = 4  # shorter lines (titles of two words, section headers) are never copied alone
+POSITION_FEATURES = 3  # [j = 0], 1 / (1 + j), j / n
+
+
+def position_features(n: int) -> np.ndarray:
+    """(n, 3): the position part of the sentence score, per sentence."""
+    j = np.arange(n, dtype=np.float32)
+    return np.stack([(j == 0).astype(np.float32), 1.0 / (1.0 + j), j / max(n, 1)], axis=1)
+
+
+class DocumentText:
+    """The text a summarizer read: ``text`` cut after the last token it read, its sentences (``spans``; a
+    sentence cut by the reading limit is dropped) and, per read token, the sentence it belongs to."""
+
+    def __init__(self, text: str, tokenizer: object, tokens_read: int) -> None:
+        encoding = tokenizer.encode_batch([text], add_special_tokens=False)[0]  # type: ignore[attr-defined]
+        offsets = encoding.offsets[:tokens_read]
+        self.ids = np.asarray(encoding.ids[:tokens_read], dtype=np.int64)
+        truncated = len(encoding.ids) > tokens_read
+        end = offsets[-1][1] if offsets else 0
+        self.text = text if not truncated else text[:end]
+        spans = sentence_spans(self.text)
+        if truncated and spans and spans[-1][1] >= end and not re.search(r"[.!?][\"'”’)\]]*$", self.text[:end]):
+            spans = spans[:-1]  # the reading limit cut this sentence
+        self.uncased = is_uncased(self.text)
+        self.spans = spans
+        starts = np.array([start for start, _ in offsets], dtype=np.int64)
+        span_starts = np.array([a for a, _ in spans], dtype=np.int64)
+        span_ends = np.array([b for _, b in spans], dtype=np.int64)
+        index = np.searchsorted(span_starts, starts, side="right") - 1  # the last sentence starting at or before
+        inside = (index >= 0) & (starts < span_ends[index.clip(0)] if len(spans) else False)
+        self.sentence_of = np.where(inside, index, -1).astype(np.int64)  # (tokens,) -1: between sentences
+        self.tokens = np.bincount(self.sentence_of[self.sentence_of >= 0], minlength=len(spans))  # per sentence
+
+    def sentence(self, j: int) -> str:
+        """Sentence ``j`` as the document writes it (white space runs made one space), first letter capital."""
+        start, end = self.spans[j]
+        return capitalised(" ".join(self.text[start:end].split()))
+
+    def words(self, j: int) -> int:
+        start, end = self.spans[j]
+        return len(self.text[start:end].split())
+
+
+def sentence_scores(doc: DocumentText, token_logits: np.ndarray, position_weights: Sequence[float]) -> np.ndarray:
+    """z_j for every sentence (module docstring); -inf for a sentence without a read token."""
+    n = len(doc.spans)
+    logits = np.asarray(token_logits, dtype=np.float64)[: len(doc.sentence_of)]
+    kept = doc.sentence_of >= 0
+    sums = np.bincount(doc.sentence_of[kept], weights=logits[kept], minlength=n)
+    counts = doc.tokens.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
+    return mean + position_features(n).astype(np.float64) @ np.asarray(position_weights, dtype=np.float64)
+
+
+def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
+                     limit_tokens: int | None = None) -> list[int]:
+    """The sentences to copy, in document order: by score, each taken when it brings the summary's token
+    count nearer ``target_tokens`` (never past ``limit_tokens``), until the target is reached."""
+    order = np.argsort(-scores, kind="stable")
+    chosen: list[int] = []
+    total = 0
+    for j in order:
+        if not np.isfinite(scores[j]) or doc.words(int(j)) < MIN_SENTENCE_WORDS:
+            continue
+        size = int(doc.tokens[j])
+        if limit_tokens is not None and total + size > limit_tokens:
+            continue
+        if not chosen or abs(total + size - target_tokens) < abs(total - target_tokens):
+            chosen.append(int(j))
+            total += size
+        if total >= target_tokens:
+            break
+    if not chosen:  # every sentence is too short to copy alone: the best one that fits (none may fit the limit)
+        fitting = [int(j) for j in order if np.isfinite(scores[j])
+                   and (limit_tokens is None or doc.tokens[j] <= limit_tokens)]
+        chosen = fitting[:1]
+    return sorted(chosen)
+
+
+def copy_sentences(text: str, tokenizer: object, token_logits: np.ndarray, tokens_read: int,
+                   position_weights: Sequence[float], target_tokens: int,
+                   max_length: int | None = None) -> list[tuple[str, int]]:
+    """Sentence copy of a document: the chosen sentences as the document writes them, with their token
+    counts, in the document's order (``max_length`` caps the tokens; it also caps the target)."""
+    doc = DocumentText(text, tokenizer, tokens_read)
+    scores = sentence_scores(doc, np.asarray(token_logits)[:tokens_read], position_weights)
+    target = min(target_tokens, max_length) if max_length else target_tokens
+    chosen = choose_sentences(doc, scores, target, max_length or None)
+    return [(doc.sentence(j), int(doc.tokens[j])) for j in chosen]
+
+
+# ---- letter case for generated text --------------------------------------------------------------
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def _plain(word: str) -> str:
+    """The uncased vocabulary's view of a word: lower case, accents stripped."""
+    decomposed = unicodedata.normalize("NFD", word.lower())
+    return "".join(ch for ch in decomposed if unicodedata.category(ch) != "Mn")
+
+
+class DocumentCase:
+    """Each word's letter case as the document writes it.
+
+    A word takes its most frequent form among the document's occurrences that do not start a sentence
+    (where case carries no meaning); a word seen only at sentence starts takes that form with a lower-case
+    first letter unless every letter is a capital. Words the document lacks stay as generated. Sentence
+    starts of the output are capitalised (uncased documents too: the reader expects it).
+    """
+
+    def __init__(self, text: str) -> None:
+        inner: dict[str, Counter[str]] = {}
+        initial: dict[str, Counter[str]] = {}
+        starts = {a for a, _ in sentence_spans(text)}
+        for match in _WORD.finditer(text):
+            sentence_start = match.start() in starts or _opens_sentence(text, match.start(), starts)
+            table = initial if sentence_start else inner
+            table.setdefault(_plain(match.group(0)), Counter())[match.group(0)] += 1
+        self.forms: dict[str, str] = {}
+        for key, forms in initial.items():
+            form = forms.most_common(1)[0][0]
+            self.forms[key] = form if form.isupper() and len(form) > 1 else form[:1].lower() + form[1:]
+        for key, forms in inner.items():
+            self.forms[key] = forms.most_common(1)[0][0]
+
+    def restore(self, text: str) -> str:
+        cased = _WORD.sub(lambda m: self.forms.get(_plain(m.group(0)), m.group(0)), text)
+        return capitalise_sentences(cased)
+
+
+def _opens_sentence(text: str, position: int, starts: set[int]) -> bool:
+    """A word right after an opening quote or bracket at a sentence start."""
+    before = position
+    while before > 0 and text[before - 1] in "\"'“‘([":
+        before -= 1
+    return before != position and before in starts
+
+
+_SENTENCE_START = re.compile(r"(^|[.!?][\"'”’)\]]*\s+)([\"'“‘(\[]*)([^\W\d_])", re.UNICODE)
+
+
+def capitalise_sentences(text: str) -> str:
+    """The first letter of the text and of every sentence after ``. ! ?`` and a space in upper case."""
+    return _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2) + m.group(3).upper(), text)

@@ -1,0 +1,230 @@
+"""Fitting the SRformer salience head: which of a document's sentences a summary copies.
+
+    python -m models.training.srformer_salience fit weights/srformer-news \\
+        --data ../shared/data/bbc-news-summary --train-docs 600 --out runs/news-salience
+
+The head (``models/summary_text.py`` gives the sentence score) reads the frozen MiniLM encoder's outputs,
+which the decoder recipe caches (``models/training/srformer.py``: ``build_cache``), so fitting it never
+runs the decoder: per sentence, the mean encoder output and three position features, and the label
+"the greedy ROUGE oracle copies this sentence" (the sentences that, added one at a time, most raise
+ROUGE-1 + ROUGE-2 F1 against the reference). A logistic regression with an L2 penalty is fitted on the
+train split's sentences (features standardised, the scaling folded back into the head's weights); the
+penalty is chosen on the dev split by the ROUGE of the summaries the head then copies (the decoder's
+``summary_ratio`` / ``summary_length`` sets their length, as in the service). The decoder's weights are
+copied unchanged into the output checkpoint, with ``salience`` on and sentence copy as its decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.data.summarization import corpus_of, rouge_scores
+from models.summary_text import (
+    DocumentText,
+    choose_sentences,
+    position_features,
+    sentence_scores,
+)
+from models.training.common import hardware
+
+PENALTIES = (1e-4, 1e-3, 1e-2, 1e-1)  # L2 strengths tried on dev (per standardised feature)
+
+
+@dataclass
+class DocumentSentences:
+    key: str
+    doc: DocumentText
+    features: np.ndarray  # (n, 384) mean encoder output per sentence (zeros where no token was read)
+    labels: np.ndarray  # (n,) 1.0: the oracle copies it
+    reference: str
+
+
+# ---- the oracle ---------------------------------------------------------------------------------
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def _f1(overlap: int, produced: int, wanted: int) -> float:
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / produced, overlap / wanted
+    return 2 * precision * recall / (precision + recall)
+
+
+def greedy_oracle(sentences: list[str], reference: str) -> list[int]:
+    """Sentences added one at a time while ROUGE-1 + ROUGE-2 F1 (plain word counts) against ``reference``
+    rises (Nallapati et al. 2017's labelling)."""
+    ref_words = _words(reference)
+    ref1, ref2 = Counter(ref_words), Counter(zip(ref_words, ref_words[1:], strict=False))
+    grams = [(Counter(w), Counter(zip(w, w[1:], strict=False))) for w in (_words(s) for s in sentences)]
+    chosen: list[int] = []
+    have1, have2 = Counter(), Counter()
+    best = 0.0
+    while True:
+        pick, pick_score = None, best
+        for j, (g1, g2) in enumerate(grams):
+            if j in chosen or not g1:
+                continue
+            c1, c2 = have1 + g1, have2 + g2
+            score = (_f1(sum((c1 & ref1).values()), sum(c1.values()), max(len(ref_words), 1))
+                     + _f1(sum((c2 & ref2).values()), sum(c2.values()), max(len(ref_words) - 1, 1)))
+            if score > pick_score:
+                pick, pick_score = j, score
+        if pick is None:
+            return sorted(chosen)
+        chosen.append(pick)
+        have1, have2 = have1 + grams[pick][0], have2 + grams[pick][1]
+        best = pick_score
+
+
+# ---- sentence tables ----------------------------------------------------------------------------
+def sentence_tables(data: Path, keys: list[str], max_source: int) -> list[DocumentSentences]:
+    from models.minilm import load_minilm_tokenizer
+    from models.training.srformer import load_examples_of
+
+    corpus = corpus_of(data)
+    tokenizer = load_minilm_tokenizer()
+    tables = []
+    for example in load_examples_of(data, keys, max_source):
+        pair = corpus.read_pair(data, example.key)
+        doc = DocumentText(pair.document, tokenizer, len(example.source))
+        if not np.array_equal(doc.ids, example.source.numpy()):
+            raise AssertionError(f"{example.key}: the cache's ids differ from the document's tokens")
+        enc = example.enc.float().numpy()
+        n = len(doc.spans)
+        kept = doc.sentence_of >= 0
+        sums = np.zeros((n, enc.shape[1]), dtype=np.float64)
+        np.add.at(sums, doc.sentence_of[kept], enc[kept])
+        features = (sums / np.maximum(doc.tokens, 1)[:, None]).astype(np.float32)
+        labels = np.zeros(n, dtype=np.float32)
+        labels[greedy_oracle([doc.sentence(j) for j in range(n)], pair.summary)] = 1.0
+        tables.append(DocumentSentences(example.key, doc, features, labels, pair.summary))
+    return tables
+
+
+# ---- fitting ----------------------------------------------------------------------------------
+def design(tables: list[DocumentSentences]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of [mean encoder output, position features] for every read sentence, and their labels."""
+    rows, labels = [], []
+    for table in tables:
+        read = table.doc.tokens > 0
+        rows.append(np.hstack([table.features, position_features(len(table.labels))])[read])
+        labels.append(table.labels[read])
+    return np.vstack(rows), np.concatenate(labels)
+
+
+def fit_head(x: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, float, np.ndarray]:
+    """Logistic regression (L-BFGS, L2 ``penalty`` on standardised features): the head's w, b and p."""
+    mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-6
+    xs = torch.from_numpy((x - mean) / scale).double()
+    ys = torch.from_numpy(y).double()
+    weight = torch.zeros(x.shape[1], dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(xs @ weight + bias, ys)
+        loss = loss + penalty * (weight**2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    w_std = weight.detach().numpy()
+    w = w_std / scale  # folded back: w . (x - mean) / scale + b == (w / scale) . x + (b - sum(w mean / scale))
+    b = float(bias.detach()) - float((w * mean).sum())
+    embed = x.shape[1] - 3
+    return w[:embed], b, w[embed:]
+
+
+def copied_summaries(tables: list[DocumentSentences], w: np.ndarray, b: float, p: np.ndarray,
+                     summary_ratio: float, summary_length: int) -> list[str]:
+    """What the service would copy, per document, with this head (the token logits mean per sentence
+    equals the head on the mean feature, so the sentence features stand in for the tokens)."""
+    out = []
+    for table in tables:
+        doc = table.doc
+        read = int(len(doc.sentence_of))
+        token_logits = np.zeros(read)
+        kept = doc.sentence_of >= 0
+        token_logits[kept] = (table.features @ w + b)[doc.sentence_of[kept]]
+        scores = sentence_scores(doc, token_logits, p)
+        target = summary_length or max(1, math.ceil(summary_ratio * read))
+        out.append(" ".join(doc.sentence(j) for j in choose_sentences(doc, scores, target)))
+    return out
+
+
+def spread(keys: list[str], count: int) -> list[str]:
+    """``count`` keys spread over the split (splits are sorted by category), all when count is 0."""
+    if not count or count >= len(keys):
+        return keys
+    step = len(keys) / count
+    return [keys[int(i * step)] for i in range(count)]
+
+
+def fit_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.training.srformer_salience fit")
+    parser.add_argument("checkpoint", type=Path, help="a trained SRformer checkpoint (its decoder is kept)")
+    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--train-docs", type=int, default=0, help="train documents used, spread over the split "
+                        "(0 = all)")
+    parser.add_argument("--dev-docs", type=int, default=0, help="dev documents used for the choice (0 = all)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(list(argv))
+    torch.set_num_threads(args.threads)
+    started = time.time()
+    checkpoint = load_checkpoint(args.checkpoint)
+    config = dict(checkpoint.config)
+    corpus = corpus_of(args.data)
+    max_source = int(config["max_source"])
+    train = sentence_tables(args.data, spread(corpus.split_keys(args.data, "train"), args.train_docs), max_source)
+    dev = sentence_tables(args.data, spread(corpus.split_keys(args.data, "dev"), args.dev_docs), max_source)
+    x, y = design(train)
+    print(f"salience: {len(train)} train documents, {len(y)} sentences ({y.mean():.1%} copied by the oracle)",
+          file=sys.stderr)
+    ratio, length = float(config["summary_ratio"]), int(config["summary_length"])
+    references = [t.reference for t in dev]
+    trials = []
+    for penalty in PENALTIES:
+        w, b, p = fit_head(x, y, penalty)
+        scores = rouge_scores(copied_summaries(dev, w, b, p, ratio, length), references)
+        trials.append({"penalty": penalty, "dev": scores, "head": (w, b, p)})
+        print(json.dumps({"penalty": penalty, "dev": scores}), file=sys.stderr)
+    best = max(trials, key=lambda t: sum(t["dev"].values()))
+    w, b, p = best["head"]
+    weights = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
+    weights["salience.weight"] = torch.from_numpy(w.astype(np.float32))[None]
+    weights["salience.bias"] = torch.tensor([b], dtype=torch.float32)
+    weights["salience_position"] = torch.from_numpy(p.astype(np.float32))
+    decode = dict(checkpoint.extras.get("decode", {}), decoding="sentence")
+    extras = dict(checkpoint.extras, decode=decode, salience={
+        "data": str(args.data), "train_documents": len(train), "train_sentences": int(len(y)),
+        "oracle_share": round(float(y.mean()), 4), "dev_documents": len(dev),
+        "trials": [{"penalty": t["penalty"], "dev": t["dev"]} for t in trials], "penalty": best["penalty"],
+        "dev": best["dev"], "seconds": round(time.time() - started, 1), "hardware": hardware(args.threads),
+        "command": "python -m models.training.srformer_salience fit " + " ".join(argv),
+    })
+    save_checkpoint(args.out, "srformer", {**config, "salience": True}, weights, extras)
+    print(json.dumps({"out": str(args.out), "penalty": best["penalty"], "dev": best["dev"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    commands = {"fit": fit_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        raise SystemExit(f"usage: python -m models.training.srformer_salience {{{','.join(commands)}}} ...")
+    sys.exit(commands[sys.argv[1]](sys.argv[2:]))

@@ -1,0 +1,112 @@
+"""Sentence copy and the document's letter case (models/summary_text.py), without a model."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.decoding import BeamSearch, GreedySearch
+from models.detokenize import Detokenizer
+from models.minilm import load_minilm_tokenizer
+from models.summary_text import DocumentCase, DocumentText, choose_sentences, copy_sentences, sentence_scores
+
+TOKENIZER = load_minilm_tokenizer()
+
+WORDS = ["bank", "rose", "Monday", "profits", "BBC", "NATO", "said", "the", "£1.3bn", "5.2%", "Mr.", "U.S.",
+         "it's", "Café", "growth", "year-earlier", "\"quoted\"", "(up", "3)", "analysts", "warned", "e.g.", "lending"]
+
+
+@st.composite
+def documents(draw):
+    sentences = []
+    for _ in range(draw(st.integers(1, 12))):
+        words = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=18))
+        end = draw(st.sampled_from([".", "!", "?", "", ".\""]))
+        sentences.append(words[0][:1].upper() + words[0][1:] + " " + " ".join(words[1:]) + end)
+    glue = draw(st.lists(st.sampled_from([" ", "  ", "\n", "\n\n", ""]), min_size=len(sentences),
+                         max_size=len(sentences)))
+    return "".join(s + g for s, g in zip(sentences, glue, strict=True))
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=documents(), seed=st.integers(0, 2**31), target=st.integers(1, 300), fraction=st.floats(0.1, 1.0))
+def test_every_copied_sentence_is_a_substring_of_the_source(text, seed, target, fraction):
+    rng = np.random.default_rng(seed)
+    total = len(TOKENIZER.encode(text, add_special_tokens=False).ids)
+    read = max(1, int(total * fraction))
+    logits = rng.normal(size=total).astype(np.float32)
+    copied = copy_sentences(text, TOKENIZER, logits, read, rng.normal(size=3).tolist(), target)
+    normalised = " ".join(text.split())
+    at = -1
+    for sentence, tokens in copied:
+        first = next(i for i, ch in enumerate(sentence) if ch.isalnum())  # the one letter copy may capitalise
+        found = max(normalised.find(form, at + 1) for form in (
+            sentence, sentence[:first] + sentence[first].lower() + sentence[first + 1:]))
+        assert found > at, (sentence, text)  # a substring, and after the one before: the document's order
+        at = found
+        assert tokens > 0
+
+
+CASE_DOCUMENT = (
+    "BBC chief Greg Dyke met NATO officials in Brussels on 3 May. The BBC said Dyke's talks with NATO were "
+    "useful. Sales at Café Rouge rose 5.2% to £1.3bn in 2004, the U.S. firm iPod Inc said. Analysts expect "
+    "growth. Apple shares rose 12p."
+)
+
+
+def test_case_restoration_is_exact_on_names_acronyms_and_numbers():
+    detokenizer = Detokenizer(TOKENIZER)
+    generated = ("bbc chief greg dyke met nato officials in brussels. sales at cafe rouge rose 5. 2 % to "
+                 "£1. 3bn in 2004, ipod inc said. apple shares rose 12p.")
+    ids = TOKENIZER.encode(generated, add_special_tokens=False).ids
+    text = detokenizer.text(ids, case=DocumentCase(CASE_DOCUMENT))
+    assert text == ("BBC chief Greg Dyke met NATO officials in Brussels. Sales at Café Rouge rose 5.2% to £1.3bn in "
+                    "2004, iPod Inc said. Apple shares rose 12p.")
+
+
+def test_uncased_documents_get_capitalised_sentence_starts_only():
+    document = "the gene flow was high in bt rice  <cit> . farmers grow gm crops. yields rose by  <dig> %."
+    ids = TOKENIZER.encode("the gene flow was high. yields rose by < dig > %.", add_special_tokens=False).ids
+    text = Detokenizer(TOKENIZER).text(ids, case=DocumentCase(document))
+    assert text == "The gene flow was high. Yields rose by <dig>%."
+
+
+def test_a_sentence_cut_by_the_reading_limit_is_not_copied():
+    text = "First sentence is here. Second one is longer than that. Third one is cut by the limit here."
+    total = len(TOKENIZER.encode(text, add_special_tokens=False).ids)
+    doc = DocumentText(text, TOKENIZER, total - 3)
+    assert [doc.sentence(j) for j in range(len(doc.spans))] == ["First sentence is here.",
+                                                               "Second one is longer than that."]
+    assert doc.tokens.sum() == (doc.sentence_of >= 0).sum() and doc.tokens.tolist() == [5, 7]
+
+
+def test_sentences_are_taken_while_they_bring_the_length_nearer_its_target():
+    text = ("Alpha beta gamma delta epsilon. " * 1 + "One two three four five six seven eight nine ten eleven twelve. "
+            "Short one here too. Another sentence of middle length here.")
+    doc = DocumentText(text, TOKENIZER, 10_000)
+    sizes = doc.tokens.tolist()
+    scores = np.array([0.0, 3.0, 2.0, 1.0])
+    assert choose_sentences(doc, scores, sizes[1]) == [1]
+    assert choose_sentences(doc, scores, sizes[1] + sizes[2]) == [1, 2]  # kept in the document's order
+    assert sizes[3] > sizes[2]
+    prefers_3 = np.array([0.0, 3.0, 1.0, 2.0])  # 3 scores above 2, but only 2 fits beside 1 under the limit
+    assert choose_sentences(doc, prefers_3, 10_000, limit_tokens=sizes[1] + sizes[2]) == [1, 2]
+    z = sentence_scores(doc, np.zeros(len(doc.sentence_of)), [0.0, 1.0, 0.0])
+    assert np.argmax(z) == 0  # the position term alone: the first sentence
+
+
+def test_searches_end_at_the_first_sentence_end_past_the_target():
+    vocab = np.array([5, 6, 7, 102], dtype=np.int64)  # 7 ends a sentence, 102 is eos
+    steps = {0: 0, 1: 2, 2: 0, 3: 2}  # the best column per step: word, end, word, end
+
+    greedy = GreedySearch(101, 102, vocab, limit=20, no_repeat=0, ends=frozenset({7}), target=3)
+    while not greedy.done:
+        row = np.full((1, 4), -10.0)
+        row[0, steps[greedy.t % 4]] = 0.0
+        greedy.advance(row)
+    assert greedy.result() == [5, 7, 5, 7]  # the end at 2 tokens is before the target; the one at 4 ends it
+    beam = BeamSearch(101, 102, vocab, limit=20, no_repeat=0, beams=2, ends=frozenset({7}), target=3)
+    while not beam.done:
+        probabilities = np.full((2, 4), 0.02)
+        probabilities[:, steps[beam.t % 4]] = 0.94
+        beam.advance(np.log(probabilities))
+    assert beam.result()[-1] == 7 and len(beam.result()) >= 3
