@@ -73,8 +73,8 @@ def test_sigterm_during_summary_streams_lets_each_end_with_done(every_task_repos
     with make_client(every_task_repository, redis_url, key_prefix) as other:
         session = other.post("/sessions", json={"task": "summarize"}).json()["id"]
         assert other.post(f"/sessions/{session}/segments", json={"seq": 1, "text": TEXT}).status_code == 200
-        streams = [Stream(f"{base}/summarize", {"text": TEXT, "stream": True}),
-                   Stream(f"{base}/sessions/{session}/finish", {"stream": True})]
+        streams = [Stream(f"{base}/summarize", {"text": TEXT, "stream": True, "decoding": "free"}),
+                   Stream(f"{base}/sessions/{session}/finish", {"stream": True, "decoding": "free"})]
         try:
             for stream in streams:
                 stream.start()
@@ -116,7 +116,8 @@ def test_work_that_outlasts_the_grace_gets_json_503s_and_the_applied_pieces_repl
             assert client.post(base + segments, json={"seq": 1, "rows": pieces[0]}).status_code == 200
             summary = other.post("/sessions", json={"task": "summarize"}).json()["id"]
             assert other.post(f"/sessions/{summary}/segments", json={"seq": 1, "text": TEXT}).status_code == 200
-            stream = Stream(f"{base}/sessions/{summary}/finish", {"stream": True}, {"x-request-id": "cut-stream"})
+            stream = Stream(f"{base}/sessions/{summary}/finish", {"stream": True, "decoding": "free"},
+                            {"x-request-id": "cut-stream"})
             stream.start()
             assert client.post(base + segments, json={"seq": 2, "rows": pieces[1]}).status_code == 200
 

@@ -171,8 +171,7 @@ def spread(keys: list[str], count: int) -> list[str]:
     """``count`` keys spread over the split (splits are sorted by category), all when count is 0."""
     if not count or count >= len(keys):
         return keys
-    step = len(keys) / count
-    return [keys[int(i * step)] for i in range(count)]
+    return keys[:: len(keys) // count][:count]
 
 
 def fit_main(argv: Sequence[str]) -> int:
