@@ -86,8 +86,9 @@ MAX_LENGTH_DESCRIPTION = (
     "of the document's length, see `GET /models`). The summary ends at a word boundary at or below it; sentence "
     "copy writes whole sentences only, so a `max_length` below every sentence's length gives an empty summary."
 )
-BEAM_SIZE_DESCRIPTION = ("Beam width for `decoding` free: 1 is greedy search (streams word by word), 2-8 beam search. "
-                         "Default: the model's.")
+BEAM_SIZE_DESCRIPTION = ("Beam width of free decoding: 1 is greedy search (streams word by word), 2-8 beam search; "
+                         "2-8 without `decoding` means `decoding` free. Sentence copy runs no search and does not "
+                         "read it. Default: the model's.")
 DECODING_DESCRIPTION = (
     "How the summary is written. `sentence`: whole sentences of the document, as the document writes them "
     "(its case, spacing and words), chosen by the model's salience scores up to the model's summary length "

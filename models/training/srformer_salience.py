@@ -66,28 +66,36 @@ def _f1(overlap: int, produced: int, wanted: int) -> float:
 
 def greedy_oracle(sentences: list[str], reference: str) -> list[int]:
     """Sentences added one at a time while ROUGE-1 + ROUGE-2 F1 (plain word counts) against ``reference``
-    rises (Nallapati et al. 2017's labelling)."""
+    rises (Nallapati et al. 2017's labelling). Overlaps are updated per candidate's own n-grams only."""
     ref_words = _words(reference)
-    ref1, ref2 = Counter(ref_words), Counter(zip(ref_words, ref_words[1:], strict=False))
+    refs = (Counter(ref_words), Counter(zip(ref_words, ref_words[1:], strict=False)))
+    wanted = (max(len(ref_words), 1), max(len(ref_words) - 1, 1))
     grams = [(Counter(w), Counter(zip(w, w[1:], strict=False))) for w in (_words(s) for s in sentences)]
     chosen: list[int] = []
-    have1, have2 = Counter(), Counter()
+    have: tuple[Counter, Counter] = (Counter(), Counter())
+    overlap, produced = [0, 0], [0, 0]
     best = 0.0
+
+    def gain(n: int, candidate: Counter) -> int:
+        return sum(min(have[n][g] + c, refs[n][g]) - min(have[n][g], refs[n][g])
+                   for g, c in candidate.items() if g in refs[n])
+
     while True:
-        pick, pick_score = None, best
-        for j, (g1, g2) in enumerate(grams):
-            if j in chosen or not g1:
+        pick, pick_score, pick_overlap = None, best, None
+        for j, candidate in enumerate(grams):
+            if j in chosen or not candidate[0]:
                 continue
-            c1, c2 = have1 + g1, have2 + g2
-            score = (_f1(sum((c1 & ref1).values()), sum(c1.values()), max(len(ref_words), 1))
-                     + _f1(sum((c2 & ref2).values()), sum(c2.values()), max(len(ref_words) - 1, 1)))
+            new_overlap = [overlap[n] + gain(n, candidate[n]) for n in (0, 1)]
+            score = sum(_f1(new_overlap[n], produced[n] + sum(candidate[n].values()), wanted[n]) for n in (0, 1))
             if score > pick_score:
-                pick, pick_score = j, score
-        if pick is None:
+                pick, pick_score, pick_overlap = j, score, new_overlap
+        if pick is None or pick_overlap is None:
             return sorted(chosen)
         chosen.append(pick)
-        have1, have2 = have1 + grams[pick][0], have2 + grams[pick][1]
-        best = pick_score
+        for n in (0, 1):
+            have[n].update(grams[pick][n])
+            produced[n] += sum(grams[pick][n].values())
+        overlap, best = pick_overlap, pick_score
 
 
 # ---- sentence tables ----------------------------------------------------------------------------

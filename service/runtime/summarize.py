@@ -126,15 +126,15 @@ class SummarizePipeline(TextPipeline):
         return Finished(result, self._stream(run, beams, result, known, case), segments=len(windows))
 
     def _decoding(self, options: Mapping[str, Any]) -> str:
-        decoding = str(options.get("decoding") or self.default_decoding)
+        """The request's decoding; a beam search asked for without one means free decoding (sentence copy runs
+        no search, and ignores ``beam_size`` when asked for by name)."""
+        default = "free" if int(options.get("beam_size") or 1) > 1 else self.default_decoding
+        decoding = str(options.get("decoding") or default)
         if decoding not in DECODINGS:
             raise InputError(f"decoding must be one of {list(DECODINGS)}, not {decoding!r}", ("body", "decoding"))
         if decoding == "sentence" and self.position_weights is None:
             raise InputError(f"{self.manifest['name']} has no salience head, so it cannot choose sentences to copy: "
                              "send decoding \"free\" (or leave it out)", ("body", "decoding"))
-        if decoding == "sentence" and int(options.get("beam_size") or 1) > 1:
-            raise InputError("beam_size applies to decoding \"free\" only: sentence copy runs no search. Send "
-                             "one of them", ("body", "beam_size"))
         return decoding
 
     def _copy_sentences(self, text: str, salience: np.ndarray, read: int,
