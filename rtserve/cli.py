@@ -1,4 +1,4 @@
-"""The ``rtserve`` command: serve, train, eval, export, bench, and the client verbs classify, summarize,
+"""The ``rtserve`` command: serve, train, eval, judgement, export, bench, and the client verbs classify, summarize,
 forecast, session (calls to a running service through :mod:`rtserve.client`).
 
 Training and evaluation live with each family's recipe (its record in :mod:`rtserve.families`); this
@@ -77,6 +77,12 @@ def _export(argv: Sequence[str]) -> int:
     from export.cli import main as export_main
 
     return int(export_main(list(argv)))
+
+
+def _judgement(argv: Sequence[str]) -> int:
+    from rtserve.judgement import main as judgement_main
+
+    return int(judgement_main(list(argv)))
 
 
 def _bench(argv: Sequence[str]) -> int:
@@ -260,13 +266,15 @@ def _session(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"serve": _serve, "train": _train, "eval": _eval, "export": _export, "bench": _bench,
+COMMANDS = {"serve": _serve, "train": _train, "eval": _eval, "judgement": _judgement, "export": _export,
+            "bench": _bench,
             "classify": _classify, "summarize": _summarize, "forecast": _forecast, "session": _session}
 
-USAGE = """usage: rtserve {serve,train,eval,export,bench,classify,summarize,forecast,session} [options]
+USAGE = """usage: rtserve {serve,train,eval,judgement,export,bench,classify,summarize,forecast,session} [options]
   serve      start the HTTP service (settings from RTSERVE_* variables)
   train      train a model: rtserve train <family> --help
   eval       score a checkpoint or an exported model: rtserve eval <path> --data <path>
+  judgement  score a filled blind-judgement sheet of summaries: rtserve judgement score FILE.json
   export     export a checkpoint to the model repository: rtserve export --help
   bench      start the service and measure it: rtserve bench --help
   classify   classify a text file with a running service: rtserve classify FILE [--url URL] [--api-key KEY]
