@@ -39,9 +39,9 @@ async def _gather(items: Sequence[Any], work: Callable[[Any], Awaitable[Any]]) -
     return results
 
 
-async def _answer(model: LoadedModel, piece: Any) -> dict[str, Any]:
-    """What the one-shot endpoint would answer for ``piece``."""
-    return (await run_whole(model.pipeline, piece))[1].result
+async def _answer(model: LoadedModel, piece: Any, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the one-shot endpoint would answer for ``piece`` (``options``: the request's options)."""
+    return (await run_whole(model.pipeline, piece, options=options))[1].result
 
 
 async def score_forecaster(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
@@ -77,21 +77,110 @@ async def score_classifier(model: LoadedModel, args: argparse.Namespace) -> dict
     }
 
 
-async def score_summarizer(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
-    from models.data.summarization import corpus_of, rouge_scores
+# Lead-k's k where the corpus has a customary one: Lead-3 for news, Lead-10 for SumPubMed's long articles.
+LEAD_SENTENCES = {"bbc": 3, "sumpubmed": 10}
 
-    pairs = corpus_of(args.data).load_split(args.data, args.split, args.limit or None)
+
+async def score_summarizer(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
+    """ROUGE and the reader's measures (:mod:`models.data.summary_quality`) of the served summaries, beside
+    the same measures of the baselines on the same documents (:func:`summary_baselines`)."""
+    from models.data.summarization import corpus_name, corpus_of
+
+    corpus = corpus_of(args.data)
+    pairs = corpus.load_split(args.data, args.split, args.limit or None)
+    options = {name: value for name, value in (("decoding", args.decoding), ("beam_size", args.beam_size),
+                                                ("max_length", args.max_length)) if value is not None}
 
     started = time.perf_counter()
-    results = await _gather([p.document for p in pairs], lambda text: _answer(model, text))
+    results = await _gather([p.document for p in pairs], lambda text: _answer(model, text, options or None))
     seconds = time.perf_counter() - started
+    summaries = [r["summary"] for r in results]
     tokens = sum(r["summary_tokens"] for r in results)
+    name = corpus_name(args.data)
+    lead_sentences = args.lead_sentences or LEAD_SENTENCES.get(name, 3)
+    texts, extractor = summary_baselines(summaries, pairs, args.data, lead_sentences,
+                                         args.extractor_train_limit, args.extractor)
+    systems = score_systems(texts, pairs)
+    print(systems_table(systems), file=sys.stderr)
+    if args.judgement_sheet:
+        from rtserve.judgement import write_sheet
+
+        lead_name = "lead_same_length" if args.judgement_lead == "same-length" else f"lead_{lead_sentences}"
+        candidates = {"model": summaries, lead_name: texts[lead_name], "reference": [p.summary for p in pairs]}
+        write_sheet(Path(args.judgement_sheet), pairs, candidates, count=args.judgement_count,
+                    seed=args.judgement_seed, about={"corpus": name, "data": str(args.data), "split": args.split,
+                                                     "entry": str(args.entry), "options": options})
     return {
         "pairs": len(pairs),
-        **rouge_scores([r["summary"] for r in results], [p.summary for p in pairs]),
+        **{metric: systems["model"][metric] for metric in ("rouge1", "rouge2", "rougeL")},
+        "options": options,
+        "corpus": name,
+        "systems": systems,
+        "extractor": extractor,
         "seconds_per_summary": seconds / max(len(pairs), 1),
         "tokens_per_second": tokens / seconds if seconds else 0.0,
     }
+
+
+def summary_baselines(summaries: list[str], pairs: Sequence[Any], data: str | Path, lead_sentences: int,
+                      train_limit: int = 0, with_extractor: bool = True,
+                      ) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Each system's summaries of the same documents: the model's ``summaries``; a lead of each summary's
+    length; Lead-k; the extractor trained on the train split (less any scored document), at each summary's
+    length. Returns (summaries by system, what the extractor was trained on)."""
+    from models.data.baselines import SentenceExtractor, lead, lead_of_length
+    from models.data.summarization import corpus_of
+    from models.data.summary_quality import words
+
+    lengths = [len(words(summary)) for summary in summaries]
+    texts = {
+        "model": summaries,
+        "lead_same_length": [lead_of_length(p.body, n) for p, n in zip(pairs, lengths, strict=True)],
+        f"lead_{lead_sentences}": [lead(p.body, lead_sentences) for p in pairs],
+    }
+    extractor: dict[str, Any] = {"trained": False}
+    if with_extractor:
+        corpus = corpus_of(data)
+        scored = {p.key for p in pairs}
+        try:
+            keys = [key for key in corpus.split_keys(data, "train") if key not in scored]
+        except ValueError as error:  # a splits.json without a train split
+            keys, extractor["reason"] = [], str(error)
+        keys = keys[:train_limit] if train_limit else keys
+        if keys:
+            started = time.perf_counter()
+            training = [corpus.read_pair(data, key) for key in keys]
+            model = SentenceExtractor().fit([p.body for p in training], [p.summary for p in training])
+            texts["extractor"] = [model.summarize(p.body, n) for p, n in zip(pairs, lengths, strict=True)]
+            extractor = {"trained": True, "documents": len(keys), "seconds": round(time.perf_counter() - started, 1)}
+        else:
+            extractor.setdefault("reason", "no training documents outside the scored ones")
+    return texts, extractor
+
+
+def score_systems(texts: dict[str, list[str]], pairs: Sequence[Any]) -> dict[str, dict[str, float | None]]:
+    """ROUGE and the reader's measures of each system's summaries, and the reader's measures of the
+    references themselves (their ROUGE against themselves would be 1)."""
+    from models.data.summarization import rouge_scores
+    from models.data.summary_quality import reader_measures
+
+    references = [p.summary for p in pairs]
+    sources = [p.document for p in pairs]
+    systems = {name: {**rouge_scores(candidates, references), **reader_measures(candidates, sources, references)}
+               for name, candidates in texts.items()}
+    systems["reference"] = reader_measures(references, sources, references)
+    return systems
+
+
+def systems_table(systems: dict[str, Any]) -> str:
+    """The systems' scores as a Markdown table (stderr; stdout keeps the JSON)."""
+    columns = ("rouge1", "rouge2", "rougeL", "repeated_trigrams", "verbatim_sentences",
+               "verbatim_sentences_uncased", "cased_as_source", "length_ratio", "summary_words")
+    rows = [f"| system | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
+    for name, scores in systems.items():
+        cells = [f"{scores[c]:.4g}" if isinstance(scores.get(c), float) else "-" for c in columns]
+        rows.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(rows)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -101,6 +190,23 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--split", default="test", help="train | dev/val | test | all")
     parser.add_argument("--backend", default="onnx", choices=("onnx", "torchscript", "torch"))
     parser.add_argument("--limit", type=int, default=0, help="score only the first N examples (0 = all)")
+    summaries = parser.add_argument_group("summarizers")
+    summaries.add_argument("--decoding", choices=("sentence", "free"),
+                           help="the request option 'decoding' (default: the model's)")
+    summaries.add_argument("--beam-size", type=int, help="the request option 'beam_size' (default: the model's)")
+    summaries.add_argument("--max-length", type=int, help="the request option 'max_length' (default: the model's)")
+    summaries.add_argument("--lead-sentences", type=int, default=0,
+                           help="k of the Lead-k baseline (default: 3 for BBC, 10 for SumPubMed)")
+    summaries.add_argument("--no-extractor", dest="extractor", action="store_false",
+                           help="leave out the TF-IDF sentence extractor baseline (trained on the train split)")
+    summaries.add_argument("--extractor-train-limit", type=int, default=0,
+                           help="train the extractor on the first N training documents (0 = all)")
+    summaries.add_argument("--judgement-sheet", help="also write a blind-judgement sheet here (its key: "
+                           "<name>.key.json beside it); score it with `rtserve judgement score`")
+    summaries.add_argument("--judgement-count", type=int, default=15, help="documents on the sheet")
+    summaries.add_argument("--judgement-seed", type=int, default=0, help="which documents, in which order")
+    summaries.add_argument("--judgement-lead", choices=("same-length", "lead-k"), default="same-length",
+                           help="the lead candidate on the sheet: a lead of the summary's length, or Lead-k")
     args = parser.parse_args(list(argv))
     entry = Path(args.entry)
     manifest = json.loads((entry / "manifest.json").read_text())
