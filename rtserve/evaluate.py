@@ -114,6 +114,8 @@ async def score_summarizer(model: LoadedModel, args: argparse.Namespace) -> dict
         "pairs": len(pairs),
         **{metric: systems["model"][metric] for metric in ("rouge1", "rouge2", "rougeL")},
         "options": options,
+        # the decoding the answers say they used, where the pipeline reports it
+        "decoding": sorted({str(r["decoding"]) for r in results if "decoding" in r}) or None,
         "corpus": name,
         "systems": systems,
         "extractor": extractor,
