@@ -52,11 +52,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     registry = ModelRegistry(settings, metrics)
     app.state.store = store
     app.state.registry = registry
-    app.state.flow = SessionFlow(SessionStore(store, settings, metrics), registry, metrics)
+    sessions = SessionStore(store, settings, metrics)
+    app.state.flow = SessionFlow(sessions, registry, metrics)
     try:
         await registry.load_all()
         yield
     finally:
+        await sessions.close()
         await registry.close()
         await store.close()
         if embedded is not None:

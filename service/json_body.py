@@ -1,10 +1,16 @@
-"""Request bodies read as the JSON they are: an integer of any length is a number.
+"""Request bodies read as the JSON they are (an integer of any length is a number), and routes with a fast path.
 
 Python's ``json`` refuses to make an int of an integer longer than 4300 digits (``sys.int_max_str_digits``, a
 guard against quadratic conversion), and FastAPI answers that with a 400 "There was an error parsing the body" that
 names nothing. Such an integer is read as a float instead (infinite: past every float's range), so that validation
 names the field and the rule it breaks (``body.rows.0.0: Input should be a finite number``). Bodies without one
 are parsed as before, by the one ``json.loads`` call.
+
+A route whose endpoint carries a *fast path* (:func:`with_fast_path`) tries it first: a function of the request
+that answers the plain case (a body of the expected types and nothing else) without FastAPI's dependency solver,
+validation and answer serialization, and returns None for anything else, which the endpoint then handles as
+before. The fast path raises the same errors as the endpoint (the app's handlers answer them), so the answer
+does not depend on which of the two took the request.
 """
 
 from __future__ import annotations
@@ -37,13 +43,32 @@ class JSONBodyRequest(Request):
         return self._json
 
 
+FastPath = Callable[[Request], Awaitable[Response | None]]
+
+
+def with_fast_path(fast: FastPath) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give an endpoint a fast path (see the module's docstring); the route's class must be :class:`JSONBodyRoute`."""
+
+    def mark(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        endpoint.fast_path = fast  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
+
+
 class JSONBodyRoute(APIRoute):
     """The route class of every router whose operations take a JSON body."""
 
     def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
         handler = super().get_route_handler()
+        fast: FastPath | None = getattr(self.endpoint, "fast_path", None)
 
         async def read_json_body(request: Request) -> Response:
-            return await handler(JSONBodyRequest(request.scope, request.receive))
+            request = JSONBodyRequest(request.scope, request.receive)
+            if fast is not None:  # the body it reads stays with the request, for the endpoint if it declines
+                answer = await fast(request)
+                if answer is not None:
+                    return answer
+            return await handler(request)
 
         return read_json_body

@@ -297,6 +297,16 @@ class ServiceMetrics:
         if self.gpu is not None and self.gpu.available:
             r.register(self.gpu)
         self.energy = EnergyMeter(self.gpu.nvml if self.gpu is not None else None, r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def labelled(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)`` (values in the metric's label order), looked up once: prometheus_client's
+        ``labels`` checks its arguments and takes a lock at every call, several times per request."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def exposition(self) -> bytes:
         """The Prometheus text of every family: this registry's, or every worker's summed."""
@@ -312,14 +322,15 @@ class ServiceMetrics:
         self, model: str, backend: str, graph: str, rows: int, seconds: float, queued: list[float]
     ) -> None:
         """One batched model call: its size, its duration, and how long each of its callers queued."""
-        self.batch_size.labels(model=model, graph=graph).observe(rows)
-        self.step_seconds.labels(model=model, backend=backend, graph=graph).observe(seconds)
+        self.labelled(self.batch_size, model, graph).observe(rows)
+        self.labelled(self.step_seconds, model, backend, graph).observe(seconds)
+        queue = self.labelled(self.queue_seconds, model)
         for wait in queued:
-            self.queue_seconds.labels(model=model).observe(wait)
+            queue.observe(wait)
 
     def time_redis(self, operation: str) -> object:
         """Context manager timing one Redis operation."""
-        return self.redis_seconds.labels(operation=operation).time()
+        return self.labelled(self.redis_seconds, operation).time()
 
 
 def metered(metrics: ServiceMetrics | None, backend: Any, model: str, rows: int) -> AbstractContextManager[None]:

@@ -152,9 +152,9 @@ class RequestMetricsMiddleware:
             route = route_template(scope)
             state = scope.get("state") or {}
             model = state.get("model", "") if isinstance(state, dict) else ""
-            labels = {"route": route, "model": model, "status": str(status)}
-            self.metrics.requests.labels(**labels).inc()
-            self.metrics.request_seconds.labels(**labels).observe(seconds)
+            labels = (route, model, str(status))
+            self.metrics.labelled(self.metrics.requests, *labels).inc()
+            self.metrics.labelled(self.metrics.request_seconds, *labels).observe(seconds)
             if self.log_access:
                 access_log.info(
                     "%s %s %d %.1f ms", scope.get("method"), route, status, seconds * 1000,

@@ -272,6 +272,45 @@ class RowsPiece(BaseModel):
                        examples=[EXAMPLE_ROWS])
 
 
+def plain_piece(body: Any) -> tuple[int, str | None, list[list[float]] | None] | None:
+    """``(seq, text, rows)`` of a body that :data:`SegmentRequest` takes as it is, checked without pydantic;
+    None for any other body, which pydantic then validates (and names what is wrong). Only the plain types
+    pass: ``seq`` an int (not a bool, not 8.0) from 1, ``text`` a str, ``rows`` a non-empty list of lists of
+    ints and floats (not bools) each finite and within float32's range, and no other field."""
+    if type(body) is not dict or len(body) != 2:
+        return None
+    seq = body.get("seq")
+    if type(seq) is not int or seq < 1:
+        return None
+    text = body.get("text")
+    if type(text) is str:
+        return seq, text, None
+    rows = body.get("rows")
+    if type(rows) is not list or not rows:
+        return None
+    numbers = plain_rows(rows)
+    return None if numbers is None else (seq, None, numbers)
+
+
+def plain_rows(rows: list[Any]) -> list[list[float]] | None:
+    """``rows`` as :data:`Rows` validates them when every row is a list of JSON numbers (int or float, never bool),
+    finite and within float32's range: ints become floats, as pydantic makes them (the piece's digest reads them);
+    None otherwise."""
+    has_int = False
+    for row in rows:
+        if type(row) is not list:
+            return None
+        for value in row:
+            kind = type(value)
+            if kind is int:
+                has_int = True
+            elif kind is not float:
+                return None
+            if not -FLOAT32_MAX <= value <= FLOAT32_MAX:  # also False for NaN
+                return None
+    return [[float(value) for value in row] for row in rows] if has_int else rows
+
+
 def _piece_kind(body: Any) -> str | None:
     """Which piece a body is, by its fields: its errors are then about that piece only."""
     if isinstance(body, dict):

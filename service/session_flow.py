@@ -86,7 +86,7 @@ class SessionFlow:
             outcome, fresh = await self.sessions.commit(meta, seq, digest, consumed, token)
             if outcome == 1:
                 assert fresh is not None
-                self.metrics.session_state_bytes.labels(model=model.ref).observe(fresh.state_bytes)
+                self.metrics.labelled(self.metrics.session_state_bytes, model.ref).observe(fresh.state_bytes)
                 return Applied(fresh, consumed.result, replayed=False)
             if outcome == -1:
                 raise SessionNotFound(f"session {session_id} expired while the piece was applied")

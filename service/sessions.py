@@ -78,7 +78,7 @@ from redis.exceptions import NoScriptError
 from service.metrics import ServiceMetrics
 from service.runtime.pipeline import Arrays, Consumed
 from service.settings import Settings
-from service.state_store import StateStore, StateStoreUnavailable
+from service.state_store import StateStore
 from service.tensor_codec import decode_tensors, encode_tensors
 
 QUOTA_SCRIPT = """
@@ -267,6 +267,8 @@ class SessionStore:
         self._refresh = self.redis.register_script(REFRESH_SCRIPT)
         self.lock_ms = max(1, int(settings.session_lock_seconds * 1000))
         self.live_shards = LIVE_INDEX_SHARDS if store.cluster else 1
+        self._held: dict[tuple[str, str], float] = {}  # (session id, lock token) -> when the lock was taken
+        self._keeper: asyncio.Task[None] | None = None
 
     def _keys(self, session_id: str) -> dict[str, str]:
         return {part: self.store.key(session_id, part) for part in ("meta", "state", "result", "chunks", "lock")}
@@ -396,8 +398,8 @@ class SessionStore:
         keys = self._keys(session_id)
         token = f"{seq}:{secrets.token_hex(8)}"
         with self.store.unavailable_as_error(), self.metrics.time_redis("begin"):
-            reply = await self._begin(keys=[keys["meta"], keys["state"], keys["result"], keys["lock"]],
-                                      args=[seq, owner, token, self.lock_ms])
+            reply = await self._evalsha(self._begin, [keys["meta"], keys["state"], keys["result"], keys["lock"]],
+                                        [seq, owner, token, self.lock_ms])
         if not reply:
             raise SessionNotFound(f"session {session_id} does not exist or has expired")
         fields, ttl, blob, result, locked = reply
@@ -456,6 +458,15 @@ class SessionStore:
                     await pipe.execute()
         return outcome, (SessionMeta.from_hash(meta.id, reply[1], int(reply[2])) if outcome in (1, 2) else None)
 
+    async def _evalsha(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """``script(keys=..., args=...)`` without redis-py's script object in between (its type checks cost more
+        than the command); a script Redis lost (a restart) is loaded again."""
+        try:
+            return await self.redis.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.redis.script_load(script.script)
+            return await self.redis.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+
     async def _script_with(self, script: Any, keys: list[str], args: list[Any], also: Callable[[Any], Any]) -> Any:
         """EVALSHA ``script`` plus the commands ``also`` queues, in one round trip; reloads a script Redis lost.
 
@@ -493,22 +504,43 @@ class SessionStore:
 
     @asynccontextmanager
     async def holding(self, session_id: str, token: str) -> AsyncIterator[None]:
-        """Keep the lock's lease alive while the body runs (a step may outlast one lease)."""
+        """Keep the lock's lease alive while the body runs (a step may outlast one lease).
 
-        async def keep() -> None:
-            while True:
-                await asyncio.sleep(self.lock_ms / 3000)
-                try:
-                    if not await self.refresh(session_id, token):
-                        return  # lost it: the commit's compare-and-set still decides
-                except StateStoreUnavailable:
-                    pass  # try again at the next beat
-
-        keeper = asyncio.create_task(keep())
+        One keeper task per store renews every lock held for a third of a lease or more, a third of a lease
+        apart (:meth:`_keep`), so holding a lock costs a dictionary entry, not a task per piece: a lock is
+        renewed between a third and two thirds of a lease after it was taken, and as often after that.
+        """
+        key = (session_id, token)
+        self._held[key] = time.monotonic()
+        if self._keeper is None or self._keeper.done():
+            self._keeper = asyncio.get_running_loop().create_task(self._keep())
         try:
             yield
         finally:
-            keeper.cancel()
+            self._held.pop(key, None)
+
+    async def _keep(self) -> None:
+        """Renew the locks held for a third of a lease or more, every third of a lease; ends after a lease with
+        none held (:meth:`holding` starts it again)."""
+        beat, idle = self.lock_ms / 3000, 0
+        while idle < 3:
+            await asyncio.sleep(beat)
+            due = [key for key, since in self._held.items() if time.monotonic() - since >= beat]
+            idle = 0 if self._held else idle + 1
+            results = await asyncio.gather(*(self.refresh(*key) for key in due), return_exceptions=True)
+            for key, renewed in zip(due, results, strict=True):
+                if renewed is False:  # lost it: the commit's compare-and-set still decides
+                    self._held.pop(key, None)
+                # StateStoreUnavailable (or any other error): try again at the next beat
+
+    async def close(self) -> None:
+        """Stop the lock keeper (the app's shutdown)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            try:
+                await self._keeper
+            except asyncio.CancelledError:
+                pass
 
     async def wait_for(self, session_id: str, seq: int, timeout: float = WAIT_SECONDS) -> None:
         """Wait until the lock's holder has applied ``seq``, or its lock is gone (released, or lapsed with it).

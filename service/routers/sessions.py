@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+import typing
+from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Body, Path, Request, Response
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
-from service.auth import OwnerDep, QuotaDep
-from service.dependencies import FlowDep, MetricsDep, RegistryDep, SettingsDep
+from service.auth import OwnerDep, QuotaDep, owner_of_request
+from service.dependencies import FlowDep, MetricsDep, RegistryDep
 from service.errors import BODY, check_rows, check_text, responses
-from service.json_body import JSONBodyRoute
+from service.json_body import JSONBodyRoute, with_fast_path
 from service.runtime.pipeline import InputError
 from service.schemas import (
     FinishRequest,
@@ -22,8 +24,9 @@ from service.schemas import (
     SegmentResponse,
     SessionCreate,
     SessionInfo,
+    plain_piece,
 )
-from service.session_flow import Finishing
+from service.session_flow import Applied, Finishing, SessionFlow
 from service.sessions import SessionMeta
 from service.sse import GenerationMeter, replay_tokens, sse_answer, summary_events, wants_event_stream
 
@@ -80,6 +83,58 @@ async def delete_session(session_id: SessionId, request: Request, flow: FlowDep,
     return Response(status_code=204)
 
 
+def session_fields(meta: SessionMeta) -> dict[str, Any]:
+    """:func:`info` as the JSON object :class:`SessionInfo` serializes to."""
+    return {"id": meta.id, "model": meta.model, "task": meta.task, "seq": meta.seq, "consumed": meta.consumed,
+            "segments": meta.segments, "state_bytes": meta.state_bytes, "status": meta.status,
+            "created_at": meta.created, "expires_at": meta.expires_at}
+
+
+# the fields of each result SegmentResponse.result may be: a result with exactly one of these sets is what
+# pydantic's union would validate and serialize it as (each other member lacks a required field)
+RESULT_FIELDS = frozenset(frozenset(member.model_fields) for member in typing.get_args(
+    SegmentResponse.model_fields["result"].annotation))
+
+
+def segment_answer(applied: Applied) -> Response:
+    """The :class:`SegmentResponse` of an applied (or replayed) piece, serialized without validating it again."""
+    if frozenset(applied.result) not in RESULT_FIELDS:  # not one of the plain shapes: let pydantic shape it
+        answer = SegmentResponse(session=info(applied.meta), replayed=applied.replayed, result=applied.result)
+        return Response(answer.model_dump_json(), media_type="application/json")
+    content = {"session": session_fields(applied.meta), "replayed": applied.replayed, "result": applied.result}
+    return Response(orjson.dumps(content), media_type="application/json")
+
+
+async def apply_piece(request: Request, flow: SessionFlow, session_id: str, owner: str, seq: int,
+                      text: str | None, rows: list[list[float]] | None) -> Applied:
+    settings = request.app.state.settings
+    if rows is not None:
+        check_rows(rows, settings)
+    else:
+        assert text is not None
+        check_text(text, settings)
+    return await flow.apply(session_id, owner, seq, text, rows,
+                            note_model=lambda ref: setattr(request.state, "model", ref))
+
+
+async def add_segment_fast(request: Request) -> Response | None:
+    """``add_segment`` for a plain JSON piece (:func:`service.schemas.plain_piece`): no dependency solver, no
+    validation by pydantic, the answer serialized once; None (the endpoint takes it) for anything else."""
+    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+        return None
+    try:
+        piece = plain_piece(orjson.loads(await request.body()))
+    except orjson.JSONDecodeError:
+        return None
+    if piece is None:
+        return None
+    seq, text, rows = piece
+    owner = owner_of_request(request, request.app.state.settings)
+    flow: SessionFlow = request.app.state.flow
+    return segment_answer(await apply_piece(request, flow, request.path_params["session_id"], owner, seq, text,
+                                            rows))
+
+
 @router.post(
     "/{session_id}/segments", response_model=SegmentResponse, responses=responses(*BODY, 401, 404, 409, 429, 503),
     summary="Send the next piece (exactly once per `seq`)",
@@ -88,19 +143,13 @@ async def delete_session(session_id: SessionId, request: Request, flow: FlowDep,
     "a stale number or other content under an applied number is refused (409, `expected_seq`). Text sessions "
     "take `text`, forecast sessions `rows`.",
 )
+@with_fast_path(add_segment_fast)
 async def add_segment(
-    session_id: SessionId, body: Annotated[SegmentRequest, Body()], request: Request, flow: FlowDep,
-    settings: SettingsDep, owner: OwnerDep,
+    session_id: SessionId, body: Annotated[SegmentRequest, Body()], request: Request, flow: FlowDep, owner: OwnerDep,
 ) -> SegmentResponse:
-    text = rows = None
-    if isinstance(body, RowsPiece):
-        rows = body.rows
-        check_rows(rows, settings)
-    else:
-        text = body.text
-        check_text(text, settings)
-    applied = await flow.apply(session_id, owner, body.seq, text, rows,
-                               note_model=lambda ref: setattr(request.state, "model", ref))
+    rows = body.rows if isinstance(body, RowsPiece) else None
+    text = None if isinstance(body, RowsPiece) else body.text
+    applied = await apply_piece(request, flow, session_id, owner, body.seq, text, rows)
     return SegmentResponse(session=info(applied.meta), replayed=applied.replayed, result=applied.result)
 
 

@@ -83,7 +83,7 @@ class LoadedModel:
 
     def _count(self, segments: int) -> None:
         if self.metrics is not None:
-            self.metrics.segments.labels(model=self.ref).inc(segments)
+            self.metrics.labelled(self.metrics.segments, self.ref).inc(segments)
 
 
 def _version_key(version: str) -> tuple[int, str]:

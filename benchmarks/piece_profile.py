@@ -1,0 +1,193 @@
+"""Where the service's CPU per piece goes, layer by layer: py-spy samples of the serving process under load.
+
+    .venv/bin/pip install py-spy
+    .venv/bin/python benchmarks/piece_profile.py --task forecast --sessions 32 [--model-repository ...]
+
+Method: the service starts as ``rtserve bench`` starts it (the bench's embedded Redis); after a warm-up,
+``py-spy record --pid --gil`` samples the thread holding the GIL while the bench's client sends RSA or
+RMT session pieces at the given concurrency. The event loop's thread's samples go to one layer each:
+the first named layer found anywhere on the stack (the digest, the state codec, the lock keeper,
+metrics, logging, the graph), else the layer of the innermost frame whose module is known (validation,
+dependencies, routing, middleware, HTTP, Redis client, batcher hand-off, session flow, pipeline), else
+the event loop (uvloop's C code and asyncio). A layer's CPU per piece is its share of those samples
+times the event loop thread's CPU per piece over the same span (``/proc/<pid>/task/<pid>/schedstat``);
+the other threads' CPU (the graph's thread with ONNX Runtime's pool) is one row, so the rows add up to
+the process's CPU. Shares are of wall-clock samples: on a machine whose cores are oversubscribed a
+thread preempted while it holds the GIL is still sampled, so the split is as good as preemption is
+even. py-spy runs in its own process; it pauses the target briefly at each sample, which costs the
+target's wall time, not its CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# named layers: a sample belongs to the first of these found anywhere on its stack (outermost first)
+NAMED = [
+    ("graph (ONNX Runtime)", re.compile(r"^run \(.*onnxruntime|OnnxBackend\.run|_coerce \(")),
+    ("lock keeper", re.compile(r"holding \(|keep \(.*sessions\.py|SessionStore\.refresh")),
+    ("digest", re.compile(r"piece_digest \(")),
+    ("state codec", re.compile(r"encode_tensors \(|decode_tensors \(|_state \(.*sessions\.py")),
+    ("metrics", re.compile(r"prometheus_client|service/metrics\.py")),
+    ("logging", re.compile(r"[(/]logging/|service/logs\.py")),
+]
+# module layers: the innermost frame whose file matches
+MODULES = [
+    ("validation and serialization (pydantic, FastAPI's body and answer)",
+     re.compile(r"pydantic|fastapi/_compat|fastapi/encoders|service/schemas\.py|service/errors\.py|"
+                r"_validate_|serialize_response|request_body_to_args|rows_to_array")),
+    ("dependencies (FastAPI's solver, API key, owner)",
+     re.compile(r"fastapi/dependencies|service/dependencies\.py|service/auth\.py|fastapi/security")),
+    ("routing and handler", re.compile(r"fastapi/routing|starlette/routing|service/routers|service/json_body|"
+                                       r"starlette/requests|starlette/responses|starlette/_exception|"
+                                       r"fastapi/applications|starlette/applications|starlette/datastructures")),
+    ("middleware", re.compile(r"service/middleware\.py|service/shutdown\.py|starlette/middleware")),
+    ("Redis client (redis-py, hiredis)", re.compile(r"[(/]redis/|hiredis")),
+    ("batcher hand-off", re.compile(r"service/runtime/(batcher|graph_runner|batching)\.py|concurrent/futures|"
+                                    r"threading\.py")),
+    ("session flow", re.compile(r"service/session_flow\.py|service/sessions\.py")),
+    ("pipeline (forecast / classify, numpy, tokenizer)",
+     re.compile(r"service/runtime/(forecast|classify|pipeline)\.py|[(/]models/|numpy|tokenizers")),
+    ("JSON", re.compile(r"[(/]json/|orjson")),
+    ("HTTP server (uvicorn, httptools)", re.compile(r"uvicorn/|httptools")),
+]
+EVENT_LOOP = "event loop (uvloop, asyncio)"
+
+
+def layer_of(stack: list[str]) -> str:
+    for name, pattern in NAMED:
+        if any(pattern.search(frame) for frame in stack):
+            return name
+    for frame in reversed(stack):  # innermost first
+        for name, pattern in MODULES:
+            if pattern.search(frame):
+                return name
+    return EVENT_LOOP
+
+
+def read_samples(path: Path) -> Counter[str]:
+    """The event loop's thread's samples by layer (other threads' stacks start at ``Thread._bootstrap``)."""
+    layers: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not stack or any(frame.startswith("Thread._bootstrap ") for frame in frames[:2]):
+            continue
+        layers[layer_of(frames)] += int(count)
+    return layers
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the process's first thread, the event loop's (``/proc/<pid>/task/<pid>/schedstat``, ns)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
+
+
+async def drive(url: str, task: str, sessions_count: int, repository: Path, data: Path, rounds: int,
+                pid: int, spy_out: Path, rate: int) -> tuple[Counter[str], float, float, int]:
+    from loadtest import bench_inputs as inputs
+    from loadtest.bench import Client, close_session, open_session, send_pieces
+    from loadtest.bench_floor import tree_cpu_seconds
+
+    client = Client(url, None, sessions_count + 4, 2.0)
+    models = await client.models()
+    model = next(m for m in models if m["task"] == task and m["family"] in ("rsa", "rmt"))
+    entry = repository / model["name"] / model["version"]
+    if task == "forecast":
+        settings = model["manifest"]["settings"]
+        values = inputs.etth1_values(data, list(settings["variables"]))
+        sessions = inputs.forecast_sessions(values, int(settings["lookback"]), max(sessions_count, 32), 24, 12)
+    else:
+        sessions = inputs.classify_sessions(entry, model["manifest"], inputs.hyperpartisan_texts(data),
+                                            max(sessions_count, 32), 8)
+    ref = f"{model['name']}:{model['version']}"
+
+    chosen = sessions[:sessions_count] if sessions_count > 1 else sessions[:8]
+
+    async def send(ids: list[str]) -> int:
+        if sessions_count > 1:
+            await asyncio.gather(*(send_pieces(client, i, s) for i, s in zip(ids, chosen, strict=True)))
+        else:
+            for i, s in zip(ids, chosen, strict=True):
+                await send_pieces(client, i, s)
+        return sum(len(s.pieces) for s in chosen)
+
+    async def open_all(count: int) -> list[list[str]]:
+        return [[await open_session(client, ref) for _ in chosen] for _ in range(count)]
+
+    warm = await open_all(1)
+    await send(warm[0])  # warm-up
+    opened = await open_all(rounds)  # before sampling: the samples and the CPU are the pieces' alone
+    server = psutil.Process(pid)
+    spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--gil",
+                            "--format", "raw", "--rate", str(rate), "--output", str(spy_out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    await asyncio.sleep(2.0)  # py-spy attached
+    cpu_before, main_before, pieces = tree_cpu_seconds(server), main_thread_cpu_seconds(pid), 0
+    for ids in opened:
+        pieces += await send(ids)
+    cpu = tree_cpu_seconds(server) - cpu_before
+    main = main_thread_cpu_seconds(pid) - main_before
+    spy.send_signal(signal.SIGINT)
+    spy.wait(timeout=60)
+    for ids in [*warm, *opened]:
+        await asyncio.gather(*(close_session(client, i) for i in ids))
+    await client.close()
+    return read_samples(spy_out), cpu, main, pieces
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--task", choices=("forecast", "classify"), default="forecast")
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=8, help="times every session's pieces are sent")
+    parser.add_argument("--rate", type=int, default=200, help="samples per second per thread")
+    options = parser.parse_args()
+
+    from loadtest.bench import Server, free_port
+    from service.embedded_redis import EmbeddedRedis
+
+    folder = Path(tempfile.mkdtemp(prefix="rtserve-profile-"))
+    port = free_port()
+    with EmbeddedRedis() as redis:
+        server = Server.rtserve(options.model_repository, port, folder / "server.log", redis.url)
+        try:
+            from loadtest.bench import Client
+
+            async def ready() -> None:
+                client = Client(server.url, None, 2, 2.0)
+                await server.wait_ready(client, 600)
+                await client.close()
+
+            asyncio.run(ready())
+            layers, cpu, main, pieces = asyncio.run(drive(server.url, options.task, options.sessions,
+                                                    options.model_repository, options.data, options.rounds,
+                                                    server.process.pid, folder / "spy.txt", options.rate))
+        finally:
+            server.stop()
+    total = sum(layers.values())
+    per_piece, loop = 1000 * cpu / pieces, 1000 * main / pieces
+    print(f"{options.task}, {options.sessions} session(s): {pieces} pieces, {per_piece:.3f} ms of service CPU per "
+          f"piece, {loop:.3f} of it on the event loop's thread ({total} samples there, {folder / 'spy.txt'})")
+    print("| layer | share of the loop's samples | ms per piece |\n|---|---|---|")
+    for name, count in layers.most_common():
+        print(f"| {name} | {100 * count / total:.1f} % | {loop * count / total:.3f} |")
+    print(f"| the graph's thread and ONNX Runtime's pool (the step, its wrapper) | | {per_piece - loop:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

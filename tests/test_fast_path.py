@@ -1,0 +1,122 @@
+"""The segment route's fast path answers exactly what the validated path answers, and takes only what it takes."""
+
+import json
+
+import numpy as np
+import orjson
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from service.routers import sessions as sessions_router
+from service.routers.sessions import info, segment_answer
+from service.schemas import FLOAT32_MAX, SegmentRequest, SegmentResponse, plain_piece
+from service.session_flow import Applied
+from service.sessions import SessionMeta
+from tests.tiny_checkpoints import VARIABLES
+
+PIECES = TypeAdapter(SegmentRequest)
+
+
+@pytest.fixture(scope="module")
+def repository(forecast_repository):
+    return forecast_repository
+
+
+def validated(body):
+    """(seq, text, rows) as pydantic reads the body, or None where it refuses it."""
+    try:
+        piece = PIECES.validate_python(body)
+    except ValidationError:
+        return None
+    return piece.seq, getattr(piece, "text", None), getattr(piece, "rows", None)
+
+
+def test_plain_piece_takes_what_validation_takes_with_the_same_values_and_nothing_else():
+    rng = np.random.default_rng()
+    floats = rng.standard_normal((5, 7)).tolist()
+    ints = rng.integers(-1000, 1000, (3, 7)).tolist()
+    bodies = [
+        {"seq": 1, "rows": floats}, {"seq": 2, "rows": ints}, {"seq": 3, "rows": [ints[0][:3] + floats[0][3:]]},
+        {"seq": 7, "text": "a piece"}, {"seq": 1, "text": ""}, {"seq": 1, "rows": [[]]},
+        # refused by validation: the fast path must leave them to it
+        {"seq": 0, "text": "x"}, {"seq": True, "text": "x"}, {"seq": "1", "text": "x"}, {"seq": 1},
+        {"seq": 1, "text": "x", "rows": floats}, {"seq": 1, "text": "x", "extra": 1}, {"seq": 1, "rows": []},
+        {"seq": 1, "rows": [[1.0, True]]}, {"seq": 1, "rows": [[1.0, "2"]]}, {"seq": 1, "rows": [1.0]},
+        {"seq": 1, "rows": [[FLOAT32_MAX * 2]]}, {"seq": 1, "rows": [[float("nan")]]}, {"seq": 1, "text": 5},
+        [1, 2], "text",
+    ]
+    for body in bodies:
+        fast, slow = plain_piece(body), validated(body)
+        if slow is None:
+            assert fast is None, body
+        elif fast is not None:
+            assert fast == slow, body
+            if fast[2] is not None:  # ints become floats, as validation makes them (the digest reads them)
+                assert all(type(value) is float for row in fast[2] for value in row)
+    # validation takes these too; the fast path leaves them to it (an int sent as 2.0)
+    assert plain_piece({"seq": 2.0, "text": "x"}) is None and validated({"seq": 2.0, "text": "x"}) == (2, "x", None)
+
+
+def meta(**fields):
+    base = dict(id="s1", model="m:1", task="forecast", owner="o", quota="o", seq=3, created=1.5, deadline=9e9,
+                consumed=30, segments=3, state_bytes=2800, piece_sha="", status="open", ttl_seconds=60.0)
+    return SessionMeta(**(base | fields))
+
+
+RESULTS = [
+    {"forecast": [[1.5, 2.0], [3.25, -1.0]], "horizon": 2, "variables": ["a", "b"], "rows_seen": 40,
+     "rows_needed": 0},
+    {"forecast": None, "horizon": 2, "variables": ["a", "b"], "rows_seen": 4, "rows_needed": 30},
+    {"label": "mainstream", "probabilities": {"mainstream": 0.75, "hyperpartisan": 0.25}, "segments": 2,
+     "tokens_read": 250, "tokens_total": 260, "truncated": False},
+    {"label": None, "probabilities": {}, "segments": 0, "tokens_read": 3, "tokens_total": 3, "truncated": False},
+    {"tokens_read": 510, "tokens_total": 600, "truncated": False, "encoded_tokens": 510, "windows": 1},
+    {"summary": "Shares rose.", "summary_tokens": 4, "tokens_read": 600, "tokens_total": 600, "truncated": False},
+    {"summary": "Shares rose.", "summary_tokens": 4, "tokens_read": 600, "tokens_total": 600, "truncated": False,
+     "not_in_the_schema": 1},  # not a plain shape: serialized through the model, which drops the field
+]
+
+
+@pytest.mark.parametrize("result", RESULTS)
+@pytest.mark.parametrize("replayed", [False, True])
+def test_the_answer_serialized_once_is_the_one_the_response_model_gives(result, replayed):
+    session = meta(status="finished" if replayed else "open")
+    fast = orjson.loads(segment_answer(Applied(session, result, replayed)).body)
+    model = SegmentResponse(session=info(session), replayed=replayed, result=result).model_dump(mode="json")
+    for answer in (fast, model):  # the clock at each call
+        assert abs(answer["session"].pop("expires_at") - (session.expires_at)) < 5
+    assert fast == model
+    assert json.dumps(fast, sort_keys=True) == json.dumps(model, sort_keys=True)  # 1 and 1.0 alike
+
+
+def test_fast_and_validated_pieces_answer_alike_and_a_retry_by_either_path_is_the_same_piece(client, monkeypatch):
+    taken = []
+
+    def counting(body):
+        piece = plain_piece(body)
+        taken.append(piece is not None)
+        return piece
+
+    monkeypatch.setattr(sessions_router, "plain_piece", counting)
+    rng = np.random.default_rng()
+    pieces = [rng.integers(0, 20, (12, len(VARIABLES))).tolist(), (rng.standard_normal((25, 7)) * 3).tolist()]
+    answers = {}
+    for path in ("fast", "validated"):
+        session = client.post("/sessions", json={"task": "forecast"}).json()["id"]
+        answers[path] = []
+        for seq, rows in enumerate(pieces, start=1):
+            body = {"seq": seq if path == "fast" else float(seq), "rows": rows}  # 2.0: validation's to read
+            answer = client.post(f"/sessions/{session}/segments", json=body)
+            assert answer.status_code == 200, answer.text
+            answers[path].append(answer.json())
+        # a retry of the last piece by the other path is the same piece (the same digest): answered, not applied
+        retry = {"seq": float(len(pieces)) if path == "fast" else len(pieces), "rows": pieces[-1]}
+        again = client.post(f"/sessions/{session}/segments", json=retry)
+        assert again.status_code == 200 and again.json()["replayed"] is True, again.text
+        assert again.json()["result"] == answers[path][-1]["result"]
+    assert taken.count(True) == 3 and taken.count(False) == 3
+    for fast, validated_answer in zip(answers["fast"], answers["validated"], strict=True):
+        for answer in (fast, validated_answer):
+            for key in ("id", "created_at", "expires_at"):
+                answer["session"].pop(key)
+        assert fast == validated_answer
