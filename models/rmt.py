@@ -156,7 +156,8 @@ class RMT(nn.Module):
         m = self.config.memory_size
         read = self.read_memory(memory)  # (B, m, d)
         x = torch.cat([read.to(h.dtype), h], dim=1)  # (B, m+s, d)
-        mask = torch.cat([torch.ones_like(attention_mask[:, :m]), attention_mask], dim=1)  # (B, m+s)
+        # m ones whatever the segment's length (a slice of the mask would tie m to it in an exported graph)
+        mask = torch.cat([attention_mask.new_ones(attention_mask.shape[0], m), attention_mask], dim=1)  # (B, m+s)
         if self.config.gradient_checkpointing and self.training and torch.is_grad_enabled():
             y = checkpoint(self.encoder.run_layers, x, mask, self.config.memory_layer, None, use_reentrant=False)
         else:

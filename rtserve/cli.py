@@ -291,7 +291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"rtserve: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
-    return COMMANDS[argv[0]](argv[1:])
+    from models.data.files import DataFileError
+
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except DataFileError as error:  # the user's file, not rtserve, needs the change: no traceback
+        print(f"rtserve {argv[0]}: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

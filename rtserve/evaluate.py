@@ -63,16 +63,25 @@ async def score_forecaster(model: LoadedModel, args: argparse.Namespace) -> dict
 
 
 async def score_classifier(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
-    from models.data.hyperpartisan import load_split, metrics
+    """Accuracy and macro-F1 on a JSON Lines file of labelled documents (the family's reader) or on a
+    Hyperpartisan folder's split."""
+    from models.data.files import check_labels
+    from models.data.hyperpartisan import LABEL_NAMES, load_split, metrics
 
-    articles = load_split(args.data, args.split)[: args.limit or None]
     labels = list(model.manifest["settings"]["labels"])
+    if Path(args.data).is_dir():
+        articles = load_split(args.data, args.split)[: args.limit or None]
+        texts, truth = [a.text for a in articles], [LABEL_NAMES[a.label] for a in articles]
+    else:
+        examples = model.family.part("reader")(args.data, text_field=args.text_field,
+                                               label_field=args.label_field)[: args.limit or None]
+        check_labels(args.data, examples, labels)
+        texts, truth = [e.text for e in examples], [e.label for e in examples]
 
-    results = await _gather([a.text for a in articles], lambda text: _answer(model, text))
-    predictions = [labels.index(r["label"]) for r in results]
+    results = await _gather(texts, lambda text: _answer(model, text))
     return {
-        "articles": len(articles),
-        **metrics([a.label for a in articles], predictions),
+        "documents": len(texts),
+        **metrics([labels.index(label) for label in truth], [labels.index(r["label"]) for r in results]),
         "segments_mean": float(np.mean([r["segments"] for r in results])),
     }
 
@@ -188,8 +197,11 @@ def systems_table(systems: dict[str, Any]) -> str:
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rtserve eval", description="Score an exported model-repository entry.")
     parser.add_argument("entry", help="model-repository entry folder (holds manifest.json)")
-    parser.add_argument("--data", required=True, help="dataset path (CSV for forecasts, folder otherwise)")
-    parser.add_argument("--split", default="test", help="train | dev/val | test | all")
+    parser.add_argument("--data", required=True, help="a data file (JSON Lines for text, CSV for series) or a "
+                        "bundled corpus's folder")
+    parser.add_argument("--split", default="test", help="a bundled corpus's split: train | dev/val | test | all")
+    parser.add_argument("--text-field", default="text", help="classify, JSON Lines: the text's field")
+    parser.add_argument("--label-field", default="label", help="classify, JSON Lines: the label's field")
     parser.add_argument("--backend", default="onnx", choices=("onnx", "torchscript", "torch"))
     parser.add_argument("--limit", type=int, default=0, help="score only the first N examples (0 = all)")
     summaries = parser.add_argument_group("summarizers")

@@ -1,9 +1,10 @@
 """One record per model family, and the one registry that holds them.
 
 A family is everything rtserve knows about one kind of model: the task it serves, how a checkpoint is
-trained and scored (its recipe), how export cuts a checkpoint into step graphs (its adapter), how the
-service runs those graphs (its pipeline), what a finished session answers, and how an exported entry is
-scored. The command, export and the service all look here, as LitServe's server looks at one ``LitAPI``.
+trained and scored (its recipe), how a user's data files are read (its reader), how export cuts a
+checkpoint into step graphs (its adapter), how the service runs those graphs (its pipeline), what a
+finished session answers, and how an exported entry is scored. The command, export and the service all
+look here, as LitServe's server looks at one ``LitAPI``.
 
 The parts are named by import path (``"package.module:attribute"``) and imported on first use, so reading
 the registry imports nothing heavy: the service on the ONNX path imports a pipeline and never torch,
@@ -60,6 +61,10 @@ class Family:
     evaluate: str | None = None  # "module:function": async (LoadedModel, args) -> scores of an exported entry
     config: str | None = None  # "module:Class": the model's config dataclass (with ``model``: build_model)
     model: str | None = None  # "module:Class": the nn.Module built from that config
+    # "module:function": reads a user's data file for the task (models.data.files: classify
+    # (path, text_field, label_field) -> [LabelledText]; summarize (path, source_field, summary_field) ->
+    # [TextPair]; forecast (path, columns, targets) -> SeriesTable), raising DataFileError on a bad line
+    reader: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):

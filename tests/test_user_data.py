@@ -1,0 +1,226 @@
+"""The user's own data files: what the readers take, the errors they give (file and line), the command's
+exit without a traceback, and a classifier trained from JSON Lines, exported and served with its labels."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from models.data.files import (
+    DataFileError,
+    check_labels,
+    label_set,
+    read_labelled_texts,
+    read_series,
+    read_text_pairs,
+)
+from rtserve.cli import main as rtserve
+
+TOPICS = {
+    "sport": "match goal team player season coach league win".split(),
+    "weather/climate": "rain storm wind cloud sun forecast cold snow".split(),
+    "music": "song album band guitar concert singer tour chart".split(),
+}
+COMMON = "the a of and to in on with for by".split()
+
+
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def topic_corpus(path: Path, count: int, seed: int, text_field: str = "text", label_field: str = "label") -> Path:
+    """Documents of 40-130 words, half of them words of their label's topic."""
+    rng = random.Random(seed)
+    rows = []
+    for index in range(count):
+        label = list(TOPICS)[index % len(TOPICS)]
+        words = [rng.choice(TOPICS[label] if rng.random() < 0.5 else COMMON) for _ in range(rng.randint(40, 130))]
+        rows.append({text_field: " ".join(words), label_field: label, "id": index})
+    return write_jsonl(path, rows)
+
+
+# ---- JSON Lines ------------------------------------------------------------------------------------------
+
+
+def test_labelled_texts_keep_the_files_labels_and_lines(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [{"body": "first", "topic": "b"}, "", {"body": "second", "topic": 3},
+                                              {"body": "third", "topic": "a", "extra": [1]}])
+    examples = read_labelled_texts(path, text_field="body", label_field="topic")
+    assert [(e.text, e.label, e.line) for e in examples] == [("first", "b", 1), ("second", "3", 3), ("third", "a", 4)]
+    assert label_set(path, examples) == ["3", "a", "b"]
+
+
+@pytest.mark.parametrize(("line", "fields", "message"), [
+    ('{"text": "x", "label": "a"', {}, "line 2: is not valid JSON"),
+    ('["x", "a"]', {}, "line 2: holds a JSON array; each line must be one object"),
+    ('{"body": "x", "label": "a"}', {}, "line 2: has no field 'text' (it has ['body', 'label']); name the field "
+     "with --text-field"),
+    ('{"text": "x"}', {}, "line 2: has no field 'label'"),
+    ('{"text": 7, "label": "a"}', {}, "line 2: field 'text' is a JSON number, not a string"),
+    ('{"text": "  ", "label": "a"}', {}, "line 2: field 'text' is empty"),
+    ('{"text": "x", "label": null}', {}, "line 2: label field 'label' is a JSON null"),
+    ('{"text": "x", "label": 1.5}', {}, "line 2: label field 'label' is a JSON number"),
+    ('{"doc": "x", "label": "a"}', {"text_field": "doc", "label_field": "y"}, "line 2: has no field 'y' (it has "
+     "['doc', 'label']); name the field with --label-field"),
+])
+def test_a_bad_line_is_named(tmp_path, line, fields, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"text": "fine", "label": "a", "doc": "fine", "y": "a"}, line])
+    with pytest.raises(DataFileError) as error:
+        read_labelled_texts(path, **fields)
+    assert str(error.value).startswith(f"{path}, ") and message in str(error.value)
+    assert error.value.line == 2
+
+
+def test_files_that_hold_nothing_usable_are_refused(tmp_path):
+    with pytest.raises(DataFileError, match="no such file"):
+        read_labelled_texts(tmp_path / "missing.jsonl")
+    with pytest.raises(DataFileError, match="holds no examples"):
+        read_labelled_texts(write_jsonl(tmp_path / "blank.jsonl", ["", "  "]))
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"text": "ok", "label": "a"}\n{"text": "caf\xe9", "label": "a"}\n')
+    with pytest.raises(DataFileError, match=r"line 2: is not UTF-8"):
+        read_labelled_texts(tmp_path / "latin1.jsonl")
+    one = write_jsonl(tmp_path / "one.jsonl", [{"text": "x", "label": "only"}, {"text": "y", "label": "only"}])
+    with pytest.raises(DataFileError, match="holds a single label, 'only': a classifier needs examples of at least "
+                       "two"):
+        label_set(one, read_labelled_texts(one))
+
+
+def test_a_label_the_model_does_not_know_is_named_with_its_line(tmp_path):
+    dev = write_jsonl(tmp_path / "dev.jsonl", [{"text": "x", "label": "a"}, {"text": "y", "label": "c"}])
+    with pytest.raises(DataFileError, match=r"dev.jsonl, line 2: label 'c' is not one the model was trained on"):
+        check_labels(dev, read_labelled_texts(dev), ["a", "b"])
+
+
+def test_text_pairs_read_their_named_fields(tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", [{"article": "long text", "abstract": "short"}])
+    (pair,) = read_text_pairs(path, source_field="article", summary_field="abstract")
+    assert (pair.source, pair.summary, pair.line) == ("long text", "short", 1)
+    with pytest.raises(DataFileError, match="line 1: has no field 'source'.*--source-field"):
+        read_text_pairs(path)
+
+
+# ---- CSV series ------------------------------------------------------------------------------------------
+
+
+def write_csv(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_series_take_the_numeric_columns_and_a_target_set(tmp_path):
+    path = write_csv(tmp_path / "s.csv", ["time,load,temp,site", "2024-01-01,1.5,20,north", "2024-01-02,2.5,21,north"])
+    series = read_series(path)
+    assert series.columns == ["load", "temp"] and series.targets == ["load", "temp"]
+    assert series.values.tolist() == [[1.5, 20.0], [2.5, 21.0]]
+    chosen = read_series(path, columns=["temp", "load"], targets=["load"])
+    assert chosen.columns == ["temp", "load"] and chosen.targets == ["load"] and chosen.target_indices == [1]
+    assert chosen.values.tolist() == [[20.0, 1.5], [21.0, 2.5]]
+
+
+@pytest.mark.parametrize(("lines", "columns", "targets", "message"), [
+    (["t,a,b", "1,2,3", "2,x,4"], None, None, "line 3: column 'a' holds 'x', not a finite number"),
+    (["t,a,b", "1,2,3", "2,,4"], None, None, "line 3: column 'a' is empty"),
+    (["t,a,b", "1,2,3", "2,nan,4"], None, None, "line 3: column 'a' holds 'nan', not a finite number"),
+    (["t,a,b", "1,2,3", "2,4"], None, None, "line 3: has 2 cells; the header has 3"),
+    (["t,a,b", "1,2,3"], ["a", "c"], None, "line 1: has no column 'c'; the header has ['t', 'a', 'b']"),
+    (["t,a,b", "1,2,3"], None, ["z"], "line 1: has no column 'z'"),
+    (["t,a,b", "1,2,3"], ["a"], ["b"], "target 'b' is not among the columns the model reads (['a'])"),
+    (["1,2,3", "2,3,4"], None, None, "line 1: the first row ['1', '2', '3'] is all numbers"),
+    (["t,a,b"], None, None, "line 1: the header has no rows after it"),
+])
+def test_a_bad_series_file_is_named(tmp_path, lines, columns, targets, message):
+    path = write_csv(tmp_path / "bad.csv", lines)
+    with pytest.raises(DataFileError, match=None) as error:
+        read_series(path, columns, targets)
+    assert str(error.value).startswith(f"{path}") and message in str(error.value)
+
+
+def test_too_few_rows_for_a_window_is_named(tmp_path):
+    series = read_series(write_csv(tmp_path / "short.csv", ["a,b", *(f"{i},{i}" for i in range(10))]))
+    series.check_length(6, 4)
+    with pytest.raises(DataFileError, match="short.csv: has 10 rows, too few for a look-back of 8 plus a horizon of 4"):
+        series.check_length(8, 4)
+
+
+# ---- the command -----------------------------------------------------------------------------------------
+
+
+def test_the_command_prints_the_bad_line_and_exits_without_a_traceback(tmp_path, capsys):
+    train = topic_corpus(tmp_path / "train.jsonl", 6, seed=0)
+    dev = write_jsonl(tmp_path / "dev.jsonl", [{"text": "goal", "label": "sport"}, '{"text": "snow", "label":'])
+    code = rtserve(["train", "rmt", "--train", str(train), "--dev", str(dev), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert err.strip() == f"rtserve train: {dev}, line 2: is not valid JSON: Expecting value at column 26"
+    single = write_jsonl(tmp_path / "single.jsonl", [{"text": "goal", "label": "sport"}] * 3)
+    code = rtserve(["train", "rmt", "--train", str(single), "--dev", str(dev), "--out", str(tmp_path / "run")])
+    assert code == 1 and "holds a single label, 'sport'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_takes_either_files_or_a_folder(tmp_path, capsys):
+    train = topic_corpus(tmp_path / "train.jsonl", 6, seed=0)
+    with pytest.raises(SystemExit):
+        rtserve(["train", "rmt", "--train", str(train), "--out", str(tmp_path / "run")])
+    assert "--train needs --dev" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rtserve(["train", "rmt", "--out", str(tmp_path / "run")])
+    assert "give --train FILE --dev FILE" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_classifier_from_jsonl_is_exported_and_served_with_the_users_labels(tmp_path, capsys, redis_url,
+                                                                               key_prefix):
+    from tests.service_helpers import make_client
+
+    train = topic_corpus(tmp_path / "train.jsonl", 24, seed=0, text_field="body", label_field="topic")
+    dev = topic_corpus(tmp_path / "dev.jsonl", 9, seed=1, text_field="body", label_field="topic")
+    fields = ["--text-field", "body", "--label-field", "topic"]
+    run, repository = tmp_path / "run", tmp_path / "repository"
+    assert rtserve(["train", "rmt", "--train", str(train), "--dev", str(dev), *fields, "--out", str(run),
+                    "--segments", "2", "--segment-size", "32", "--memory-size", "4", "--epochs", "2",
+                    "--batch-size", "6", "--cache-dir", str(tmp_path / "cache")]) == 0
+    config = json.loads((run / "config.json").read_text())
+    labels = sorted(TOPICS)
+    assert config["extras"]["label_names"] == labels and config["config"]["num_labels"] == 3
+    assert rtserve(["export", str(run), "--name", "topics", "--format", "onnx", "--out", str(repository)]) == 0
+    manifest = json.loads((repository / "topics" / "1" / "manifest.json").read_text())
+    assert manifest["settings"]["labels"] == labels
+    capsys.readouterr()
+    assert rtserve(["eval", str(repository / "topics" / "1"), "--data", str(dev), *fields]) == 0
+    scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scores["documents"] == 9 and 0 <= scores["accuracy"] <= 1
+
+    text = json.loads(dev.read_text().splitlines()[0])["body"]
+    with make_client(repository, redis_url, key_prefix) as client:
+        answer = client.post("/classify", json={"text": text, "model": "topics"}).json()
+    assert answer["label"] in labels
+    assert sorted(answer["probabilities"]) == labels
+    assert abs(sum(answer["probabilities"].values()) - 1) < 1e-4
+
+
+def test_every_built_in_family_names_the_reader_of_its_task():
+    from models.data import files
+    from rtserve.families.builtin import BUILT_IN
+
+    readers = {"classify": files.read_labelled_texts, "summarize": files.read_text_pairs,
+               "forecast": files.read_series}
+    for record in BUILT_IN:
+        assert record.part("reader") is readers[record.task], record.name
+
+
+def test_the_tfidf_baseline_reads_the_same_files_and_scores_test_once(tmp_path, capsys):
+    from models.training.rmt import tfidf_main
+
+    parts = {part: topic_corpus(tmp_path / f"{part}.jsonl", n, seed) for part, n, seed in
+             (("train", 30, 0), ("dev", 9, 1), ("test", 12, 2))}
+    assert tfidf_main(["--train", str(parts["train"]), "--dev", str(parts["dev"]), "--test", str(parts["test"]),
+                       "--fit-on", "train"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["n"] == 12 and result["fit"] == "train" and set(result["dev_by_C"]) == {"0.1", "1.0", "10.0", "100.0"}
+    assert result["dev"] == result["dev_by_C"][str(result["C"])]
+    assert result["accuracy"] > 0.6  # three topics of distinct words: far above chance (1/3)
