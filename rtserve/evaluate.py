@@ -45,21 +45,26 @@ async def _answer(model: LoadedModel, piece: Any, options: dict[str, Any] | None
 
 
 async def score_forecaster(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
-    from models.data.ett import Scaler, load_split
+    """MSE and MAE of the targets, standardized, over every window of a CSV file (a model trained on files)
+    or over a split of an ETT-layout file (Informer protocol)."""
+    from models.data.ett import Scaler, windows_to_score
 
     settings = model.manifest["settings"]
     scaler = Scaler.from_dict(settings["scaler"])
-    x, y, _, _ = load_split(args.data, args.split, int(settings["lookback"]), int(settings["horizon"]), scaler)
+    x, y, split = windows_to_score(args.data, args.split, settings, scaler, model.family.part("reader"))
     if args.limit:
         x, y = x[: args.limit], y[: args.limit]
+    columns = list(settings["variables"])
+    targets = [columns.index(name) for name in settings.get("targets", columns)]
+    target_scaler = Scaler(scaler.mean[targets], scaler.std[targets])
 
     async def forecast(window: np.ndarray) -> np.ndarray:
         _, finished = await run_whole(model.pipeline, scaler.inverse(window).tolist())
-        return scaler.transform(np.asarray(finished.result["forecast"], dtype=np.float64))
+        return target_scaler.transform(np.asarray(finished.result["forecast"], dtype=np.float64))  # (H, K)
 
-    predictions = np.stack(await _gather(list(x), forecast))
-    error = predictions - y
-    return {"windows": len(x), "mse": float((error**2).mean()), "mae": float(np.abs(error).mean())}
+    predictions = np.stack(await _gather(list(x), forecast))  # (N, H, K)
+    error = predictions - y[:, :, targets]
+    return {"split": split, "windows": len(x), "mse": float((error**2).mean()), "mae": float(np.abs(error).mean())}
 
 
 async def score_classifier(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
@@ -92,11 +97,18 @@ LEAD_SENTENCES = {"bbc": 3, "sumpubmed": 10}
 
 async def score_summarizer(model: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     """ROUGE and the reader's measures (:mod:`models.data.summary_quality`) of the served summaries, beside
-    the same measures of the baselines on the same documents (:func:`summary_baselines`)."""
-    from models.data.summarization import corpus_name, corpus_of
+    the same measures of the baselines on the same documents (:func:`summary_baselines`), on a corpus
+    folder's split or on a user's JSON Lines file of pairs (the family's reader)."""
+    from models.data.summarization import PairsFile, corpus_name, corpus_of
 
-    corpus = corpus_of(args.data)
-    pairs = corpus.load_split(args.data, args.split, args.limit or None)
+    if Path(args.data).is_dir():
+        pairs = corpus_of(args.data).load_split(args.data, args.split, args.limit or None)
+        name = corpus_name(args.data)
+    else:
+        read = model.family.part("reader")
+        corpus = PairsFile(args.data, read(args.data, source_field=args.source_field,
+                                           summary_field=args.summary_field))
+        pairs, name = corpus.load_split(args.data, "all", args.limit or None), corpus.__name__
     options = {name: value for name, value in (("decoding", args.decoding), ("beam_size", args.beam_size),
                                                 ("max_length", args.max_length)) if value is not None}
 
@@ -105,7 +117,6 @@ async def score_summarizer(model: LoadedModel, args: argparse.Namespace) -> dict
     seconds = time.perf_counter() - started
     summaries = [r["summary"] for r in results]
     tokens = sum(r["summary_tokens"] for r in results)
-    name = corpus_name(args.data)
     lead_sentences = args.lead_sentences or LEAD_SENTENCES.get(name, 3)
     texts, extractor = summary_baselines(summaries, pairs, args.data, lead_sentences,
                                          args.extractor_train_limit, args.extractor)
@@ -150,7 +161,9 @@ def summary_baselines(summaries: list[str], pairs: Sequence[Any], data: str | Pa
         f"lead_{lead_sentences}": [lead(p.body, lead_sentences) for p in pairs],
     }
     extractor: dict[str, Any] = {"trained": False}
-    if with_extractor:
+    if with_extractor and not Path(data).is_dir():
+        extractor["reason"] = "a file of pairs is scored: there is no train split beside it to fit the extractor on"
+    elif with_extractor:
         corpus = corpus_of(data)
         scored = {p.key for p in pairs}
         try:
@@ -202,6 +215,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--split", default="test", help="a bundled corpus's split: train | dev/val | test | all")
     parser.add_argument("--text-field", default="text", help="classify, JSON Lines: the text's field")
     parser.add_argument("--label-field", default="label", help="classify, JSON Lines: the label's field")
+    parser.add_argument("--source-field", default="source", help="summarize, JSON Lines: the document's field")
+    parser.add_argument("--summary-field", default="summary", help="summarize, JSON Lines: the reference's field")
     parser.add_argument("--backend", default="onnx", choices=("onnx", "torchscript", "torch"))
     parser.add_argument("--limit", type=int, default=0, help="score only the first N examples (0 = all)")
     summaries = parser.add_argument_group("summarizers")
@@ -229,7 +244,8 @@ def main(argv: Sequence[str]) -> int:
     scores = asyncio.run(model.family.part("evaluate")(model, args))
     print(json.dumps({
         "entry": str(entry), "family": manifest["family"], "backend": args.backend,
-        "providers": model.providers, "data": args.data, "split": args.split, **scores,
+        "providers": model.providers, "data": args.data,
+        **({"split": args.split} if Path(args.data).is_dir() else {}), **scores,
         "eval_seconds": round(time.perf_counter() - started, 1),
     }))
     return 0

@@ -213,7 +213,9 @@ class ForecastResult(BaseModel):
         description="The next `horizon` rows x variables (null until `rows_needed` is 0).", examples=[EXAMPLE_ROWS]
     )
     horizon: int = Field(description="Rows forecast.", examples=[24])
-    variables: list[str] = Field(description="Column order.", examples=[VARIABLES])
+    variables: list[str] = Field(description="The forecast's columns, in order: the model's targets (a row sent "
+                                 "holds the columns of `GET /models`: `manifest.settings.variables`).",
+                                 examples=[VARIABLES])
     rows_seen: int = Field(description="Rows read so far.", examples=[96])
     rows_needed: int = Field(description="Rows still missing before a forecast is possible.", examples=[0])
 

@@ -65,7 +65,7 @@ def workspace(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(workspace):
     root, env = workspace
-    out = rtserve(env, root, "train", "gru-classifier", "--data", str(root / "train.jsonl"), "--dev",
+    out = rtserve(env, root, "train", "gru-classifier", "--train", str(root / "train.jsonl"), "--dev",
                   str(root / "dev.jsonl"), "--out", str(root / "checkpoint"), "--epochs", "8", "--segment-size",
                   "32", "--hidden", "32", "--embed", "32")
     return json.loads(out.strip().splitlines()[-1])

@@ -224,3 +224,99 @@ def test_the_tfidf_baseline_reads_the_same_files_and_scores_test_once(tmp_path, 
     assert result["n"] == 12 and result["fit"] == "train" and set(result["dev_by_C"]) == {"0.1", "1.0", "10.0", "100.0"}
     assert result["dev"] == result["dev_by_C"][str(result["C"])]
     assert result["accuracy"] > 0.6  # three topics of distinct words: far above chance (1/3)
+
+
+# ---- series and summaries, end to end --------------------------------------------------------------------
+
+
+def series_csv(path: Path, start: int, rows: int, seed: int) -> Path:
+    """Hourly-looking series of a shop: a daily cycle in `footfall`, a slower one in `temperature`, noise in
+    `queue`, and a text column the reader leaves out."""
+    import math
+
+    rng = random.Random(seed)
+    lines = ["hour,store,footfall,temperature,queue"]
+    for t in range(start, start + rows):
+        lines.append(f"h{t},central,{100 + 30 * math.sin(t / 3.8) + rng.gauss(0, 3):.2f},"
+                     f"{15 + 6 * math.cos(t / 11) + rng.gauss(0, 0.5):.2f},{rng.random() * 5:.2f}")
+    return write_csv(path, lines)
+
+
+def test_a_forecaster_trains_on_csv_files_with_a_target_set_and_scores_a_test_file(tmp_path, capsys):
+    train, dev, test = (series_csv(tmp_path / f"{part}.csv", start, rows, seed) for part, start, rows, seed in
+                        (("train", 0, 240, 0), ("dev", 240, 80, 1), ("test", 320, 80, 2)))
+    run = tmp_path / "run"
+    assert rtserve(["train", "rsa", "--train", str(train), "--dev", str(dev), "--columns", "footfall,temperature,queue",
+                    "--targets", "temperature,footfall", "--lookback", "16", "--horizon", "4", "--epochs", "1",
+                    "--d-model", "16", "--d-ff", "32", "--layers", "1", "--patch-len", "4", "--stride", "4",
+                    "--out", str(run)]) == 0
+    extras = json.loads((run / "config.json").read_text())["extras"]
+    assert extras["variables"] == ["footfall", "temperature", "queue"]
+    assert extras["targets"] == ["temperature", "footfall"] and extras["protocol"] == "files"
+    assert set(extras["metrics"]) == {"val"} and extras["metrics"]["val"]["windows"] == 80 - 16 - 4 + 1
+    capsys.readouterr()
+    assert rtserve(["eval", str(run), "--data", str(test)]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored["windows"] == 61 and scored["targets"] == ["temperature", "footfall"] and scored["mse"] > 0
+    short = series_csv(tmp_path / "short.csv", 0, 12, 3)
+    assert rtserve(["eval", str(run), "--data", str(short)]) == 1
+    assert "short.csv: has 12 rows, too few for a look-back of 16 plus a horizon of 4" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_forecaster_from_csv_is_exported_and_served_answering_its_targets(tmp_path, capsys, redis_url, key_prefix):
+    from tests.service_helpers import make_client
+
+    train, dev = series_csv(tmp_path / "train.csv", 0, 240, 0), series_csv(tmp_path / "dev.csv", 240, 80, 1)
+    run, repository = tmp_path / "run", tmp_path / "repository"
+    assert rtserve(["train", "linear", "--train", str(train), "--dev", str(dev), "--targets", "footfall",
+                    "--lookback", "16", "--horizon", "4", "--out", str(run)]) == 0
+    assert rtserve(["export", str(run), "--name", "shop", "--format", "onnx", "--out", str(repository)]) == 0
+    settings = json.loads((repository / "shop" / "1" / "manifest.json").read_text())["settings"]
+    assert settings["variables"] == ["footfall", "temperature", "queue"] and settings["targets"] == ["footfall"]
+    capsys.readouterr()
+    assert rtserve(["eval", str(repository / "shop" / "1"), "--data", str(dev)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["windows"] == 61
+
+    rows = [[float(cell) for cell in line.split(",")[2:]] for line in dev.read_text().splitlines()[1:17]]
+    with make_client(repository, redis_url, key_prefix) as client:
+        answer = client.post("/forecast", json={"rows": rows, "model": "shop"}).json()
+        narrow = client.post("/forecast", json={"rows": [row[:2] for row in rows], "model": "shop"})
+    assert answer["variables"] == ["footfall"] and answer["horizon"] == 4
+    assert len(answer["forecast"]) == 4 and all(len(row) == 1 for row in answer["forecast"])
+    assert 40 < answer["forecast"][0][0] < 160  # footfall's scale, not temperature's or the queue's
+    assert narrow.status_code == 422 and "['footfall', 'temperature', 'queue']" in narrow.text
+
+
+@pytest.mark.slow
+def test_a_summarizer_from_jsonl_is_exported_and_served(tmp_path, capsys, monkeypatch, redis_url, key_prefix):
+    from models.training import srformer
+    from tests.service_helpers import make_client
+
+    monkeypatch.setattr(srformer, "CACHE_ROOT", tmp_path / "cache")  # the encoder cache, in the test's folder
+
+    rng = random.Random(0)
+    words = "the council approved a new budget for schools and roads after a long debate on monday".split()
+
+    def pairs(path: Path, count: int) -> Path:
+        rows = []
+        for _ in range(count):
+            article = " ".join(rng.choice(words) for _ in range(60))
+            rows.append({"article": article, "abstract": " ".join(article.split()[:8])})
+        return write_jsonl(path, rows)
+
+    train, dev = pairs(tmp_path / "train.jsonl", 12), pairs(tmp_path / "dev.jsonl", 3)
+    fields = ["--source-field", "article", "--summary-field", "abstract"]
+    run, repository = tmp_path / "run", tmp_path / "repository"
+    assert rtserve(["train", "srformer", "--train", str(train), "--dev", str(dev), *fields, "--out", str(run),
+                    "--d-model", "32", "--layers", "1", "--heads", "2", "--epochs", "1", "--max-source", "64",
+                    "--max-target", "16", "--dev-limit", "2", "--batch-size", "4", "--device", "cpu"]) == 0
+    assert rtserve(["export", str(run), "--name", "notes", "--format", "onnx", "--out", str(repository)]) == 0
+    capsys.readouterr()
+    assert rtserve(["eval", str(repository / "notes" / "1"), "--data", str(dev), *fields]) == 0
+    scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scores["pairs"] == 3 and 0 <= scores["rouge1"] <= 1
+    with make_client(repository, redis_url, key_prefix) as client:
+        answer = client.post("/summarize", json={"text": json.loads(dev.read_text().splitlines()[0])["article"],
+                                                 "model": "notes", "max_length": 12})
+    assert answer.status_code == 200 and answer.json()["summary_tokens"] >= 1

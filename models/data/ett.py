@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -95,3 +97,21 @@ def load_split(
     start, end = split_rows(len(series.values), split, lookback)
     x, y = windows(scaler.transform(series.values[start:end]), lookback, horizon)
     return x, y, scaler, series.names
+
+
+def windows_to_score(path: str | Path, split: str, settings: Mapping[str, Any], scaler: Scaler,
+                     read: Callable[..., Any]) -> tuple[np.ndarray, np.ndarray, str]:
+    """Standardized windows (x (N, L, C), y (N, H, C)) a forecaster is scored on, and the split's name.
+
+    A model trained on a user's files (``settings["protocol"] == "files"``) is scored on every window of
+    ``path``, read with the family's reader ``read`` and the model's columns; any other on the Informer
+    ``split`` of an ETT-layout file. ``settings``: a checkpoint's extras or an exported entry's settings.
+    """
+    lookback, horizon = int(settings["lookback"]), int(settings["horizon"])
+    if settings.get("protocol", "informer") == "files":
+        series = read(path, settings["variables"], settings.get("targets"))
+        series.check_length(lookback, horizon)
+        x, y = windows(scaler.transform(series.values), lookback, horizon)
+        return x, y, "all"
+    x, y, _, _ = load_split(path, split, lookback, horizon, scaler)
+    return x, y, split

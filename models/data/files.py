@@ -145,7 +145,7 @@ def read_text_pairs(path: str | Path, source_field: str = "source", summary_fiel
 class SeriesTable:
     values: Any  # (T, C) float64 numpy array, raw units, in the order of ``columns``
     columns: list[str]  # the C columns the model reads, in row order
-    targets: list[str]  # the columns it forecasts, a subset of ``columns`` in their order
+    targets: list[str]  # the columns it forecasts (some of ``columns``), in the order asked
     path: str
 
     @property
@@ -220,4 +220,4 @@ def read_series(path: str | Path, columns: Sequence[str] | None = None,
                 what = "is empty" if not cell else f"holds {cell!r}, not a finite number"
                 raise DataFileError(path, number, f"column {chosen[column]!r} {what}; fill or drop that row")
             values[index, column] = value
-    return SeriesTable(values, chosen, [name for name in chosen if name in picked], str(path))
+    return SeriesTable(values, chosen, picked, str(path))

@@ -4,14 +4,61 @@ A corpus module (``models.data.bbc``, ``models.data.sumpubmed``) offers ``read_p
 ``all_keys``, ``split_keys``, ``load_split``, ``sentences`` and ``lead``; its
 pairs have ``key``, ``document`` and ``summary``. ``corpus_of`` picks the module
 from the folder's layout, so every command takes just ``--data <folder>``.
+A user's JSON Lines file of pairs is a :class:`PairsFile`, which offers the same
+reading functions (its one split is the whole file).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from models.data.files import TextPair
+
+
+@dataclass(frozen=True)
+class FilePair:
+    key: str  # the pair's line in its file, as text
+    document: str
+    summary: str
+
+    @property
+    def body(self) -> str:
+        """What the lead baselines read: the whole source (a user's file has no title apart)."""
+        return self.document
+
+
+class PairsFile:
+    """A JSON Lines file's pairs (read by the family's reader) behind the corpus modules' interface.
+
+    ``root`` arguments are ignored: the file is the corpus. Keys are line numbers; every split is the
+    whole file (``--train`` and ``--dev`` are files of their own).
+    """
+
+    def __init__(self, path: str | Path, pairs: Sequence[TextPair]) -> None:
+        self.path = Path(path)
+        self.__name__ = self.path.stem  # as corpus_name reads a module's name
+        self.pairs = {str(pair.line): FilePair(str(pair.line), pair.source, pair.summary) for pair in pairs}
+        digest = hashlib.sha256()
+        for pair in self.pairs.values():
+            digest.update(f"{pair.document}\0{pair.summary}\0".encode())
+        self.digest = digest.hexdigest()  # what an encoder cache of these pairs depends on
+
+    def read_pair(self, root: object, key: str) -> FilePair:
+        return self.pairs[key]
+
+    def all_keys(self, root: object = None) -> list[str]:
+        return list(self.pairs)
+
+    def split_keys(self, root: object, split: str) -> list[str]:
+        return self.all_keys()
+
+    def load_split(self, root: object, split: str, limit: int | None = None) -> list[FilePair]:
+        return list(self.pairs.values())[:limit]
 
 
 def corpus_of(data: str | Path) -> ModuleType:

@@ -16,12 +16,23 @@ from models.tensor_spec import TensorSpec
 from rtserve.families import family
 
 
+def columns_and_targets(checkpoint: Checkpoint) -> tuple[list[str], list[str]]:
+    """The columns a forecaster reads, in row order, and the ones it forecasts (all, unless it was trained on
+    a chosen target set)."""
+    n_vars = len(checkpoint.extras["scaler"]["mean"])
+    columns = list(checkpoint.extras.get("variables", [f"x{i}" for i in range(n_vars)]))
+    return columns, list(checkpoint.extras.get("targets", columns))
+
+
 def load_stream(checkpoint: Checkpoint) -> ForecastStream:
-    """The streaming segment model of a forecaster checkpoint: the family's model + the checkpoint's scaler."""
+    """The streaming segment model of a forecaster checkpoint: the family's model + the checkpoint's scaler,
+    answering its targets."""
     model = family(checkpoint.family).build_model(checkpoint.config)
     model.load_state_dict(checkpoint.state_dict)
     scaler = checkpoint.extras["scaler"]
-    stream = ForecastStream(model, len(scaler["mean"]), torch.tensor(scaler["mean"]), torch.tensor(scaler["std"]))
+    columns, targets = columns_and_targets(checkpoint)
+    stream = ForecastStream(model, len(scaler["mean"]), torch.tensor(scaler["mean"]), torch.tensor(scaler["std"]),
+                            [columns.index(name) for name in targets])
     return stream.eval()
 
 
@@ -42,6 +53,7 @@ class ForecastStep(nn.Module):
 def forecast_servable(checkpoint: Checkpoint) -> Servable:
     stream = load_stream(checkpoint)
     lookback, horizon, n_vars = stream.lookback, stream.horizon, stream.n_vars
+    columns, targets = columns_and_targets(checkpoint)
     scaler = checkpoint.extras["scaler"]
 
     def sample_inputs(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -62,7 +74,7 @@ def forecast_servable(checkpoint: Checkpoint) -> Servable:
         outputs=[
             TensorSpec("next_window", "float32", ("batch", lookback, n_vars)),
             TensorSpec("next_rows_seen", "int64", ("batch",)),
-            TensorSpec("forecast", "float32", ("batch", horizon, n_vars)),
+            TensorSpec("forecast", "float32", ("batch", horizon, len(targets))),
             TensorSpec("ready", "bool", ("batch",)),
         ],
         sample_inputs=sample_inputs,
@@ -77,7 +89,9 @@ def forecast_servable(checkpoint: Checkpoint) -> Servable:
         settings={
             "lookback": lookback,
             "horizon": horizon,
-            "variables": list(checkpoint.extras.get("variables", [f"x{i}" for i in range(n_vars)])),
+            "variables": columns,  # what a row holds, in order
+            "targets": targets,  # what the forecast holds, in order
+            "protocol": checkpoint.extras.get("protocol", "informer"),  # how `rtserve eval` cuts a --data file
             "scaler": scaler,
             "metrics": checkpoint.extras.get("metrics", {}),
         },

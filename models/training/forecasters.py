@@ -1,10 +1,20 @@
 """Training and evaluation recipe of the forecasters: ``rtserve train {rsa,rtransformer,vanilla,linear}``
 and ``rtserve eval <checkpoint>``.
 
-Data: ETTh1 under the Informer protocol (models/data/ett.py). Neural families train with AdamW on
-the MSE of standardized values, keep the epoch with the lowest validation MSE (never the test
-split) and save it with save_checkpoint; ``linear`` is the closed-form channel-independent
-ridge baseline, its penalty chosen on the validation split.
+    rtserve train rsa --train train.csv --dev dev.csv --columns load,temp --targets load \
+        --lookback 48 --horizon 12 --out runs/load
+    rtserve eval runs/load --data test.csv
+    rtserve train rsa --data ../shared/data/ETT-small/ETTh1.csv --out runs/rsa-h24   # the Informer protocol
+
+Data: a user's CSV files (``--train``, ``--dev``; the family's reader, models.data.files.read_series):
+any numeric columns, a chosen target set, every window of L + H rows of each file; the scaler is
+fitted on the training file. Or ETTh1 under the Informer protocol (models/data/ett.py). The
+families are channel-independent: every column is a series of its own through one shared model,
+so the columns beside the targets are more training series, not inputs to the targets' forecasts.
+Neural families train with AdamW on the MSE of standardized values over every column, keep the
+epoch with the lowest validation MSE of the targets (never the test split) and save it with
+save_checkpoint; ``linear`` is the closed-form channel-independent ridge baseline, its penalty
+chosen on the validation split.
 """
 
 from __future__ import annotations
@@ -24,11 +34,12 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.data.ett import Scaler, load_split
+from models.data.ett import Scaler, load_split, windows, windows_to_score
+from models.data.files import SeriesTable
 from models.forecast_stream import LinearConfig, LinearForecaster
 from models.rsa import RSAConfig
 from models.rtransformer import RTransformerConfig
-from models.serving.forecasters import load_stream
+from models.serving.forecasters import columns_and_targets, load_stream
 from models.training.common import hardware, seed_everything
 from models.vanilla import VanillaConfig
 from rtserve.families import families, family
@@ -36,14 +47,18 @@ from rtserve.families import families, family
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ETT-small" / "ETTh1.csv"
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> dict[str, float]:
-    """MSE and MAE over all windows, variables and horizon steps (standardized values)."""
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 512,
+             targets: Sequence[int] | None = None) -> dict[str, float]:
+    """MSE and MAE over all windows, horizon steps and ``targets`` (column indices; default every column),
+    on standardized values."""
     model.eval()
     squared, absolute, count = 0.0, 0.0, 0
     for start in range(0, len(x), batch_size):
         xb = torch.as_tensor(np.ascontiguousarray(x[start : start + batch_size]), dtype=torch.float32)
         yb = torch.as_tensor(np.ascontiguousarray(y[start : start + batch_size]), dtype=torch.float32)
-        error = (model(xb) - yb).double()
+        error = (model(xb) - yb).double()  # (B, H, C)
+        if targets is not None:
+            error = error[:, :, list(targets)]  # (B, H, K)
         squared += float((error**2).sum())
         absolute += float(error.abs().sum())
         count += error.numel()
@@ -66,15 +81,21 @@ def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, n
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog=prog,
-        description="Train a forecaster on ETTh1 (Informer protocol).")
+        description="Train a forecaster: on CSV series (--train, --dev) or on ETTh1 (--data, Informer protocol).")
     parser.add_argument("family", choices=sorted(f.name for f in families() if f.recipe == __name__))
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV (date column, then variables)")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV (date column, then variables), "
+                        "split by the Informer protocol; unused with --train")
+    parser.add_argument("--train", help="CSV with a header row, one row a time step, oldest first")
+    parser.add_argument("--dev", help="CSV with the same columns: the epoch (or ridge penalty) kept scores best here")
+    parser.add_argument("--columns", help="comma-separated columns the model reads (default: every column whose "
+                        "first row is a number)")
+    parser.add_argument("--targets", help="comma-separated columns it forecasts, among --columns (default: all)")
     parser.add_argument("--horizon", type=int, default=24, help="H, rows to forecast")
     parser.add_argument("--lookback", type=int, default=96, help="L, rows of history")
     parser.add_argument("--seed", type=int, default=0, help="random seed (initialisation, data order)")
     parser.add_argument("--epochs", type=int, default=20, help="passes over the training data")
     parser.add_argument("--patience", type=int, default=5, help="stop after this many epochs without val gain")
-    parser.add_argument("--batch-size", type=int, default=128, help="windows per batch (x7 series)")
+    parser.add_argument("--batch-size", type=int, default=128, help="windows per batch (each column a series)")
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     parser.add_argument("--weight-decay", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
@@ -100,8 +121,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace) -> Any:
-    common = dict(n_vars=7, lookback=args.lookback, horizon=args.horizon)
+def _config(args: argparse.Namespace, n_vars: int) -> Any:
+    common = dict(n_vars=n_vars, lookback=args.lookback, horizon=args.horizon)
     shape = dict(
         patch_len=args.patch_len,
         stride=args.stride,
@@ -120,31 +141,65 @@ def _config(args: argparse.Namespace) -> Any:
     return VanillaConfig(**common, **shape)
 
 
+def _names(value: str | None) -> list[str] | None:
+    return [name.strip() for name in value.split(",") if name.strip()] if value else None
+
+
+def read_files(args: argparse.Namespace) -> tuple[SeriesTable, SeriesTable]:
+    """The ``--train`` and ``--dev`` series (the family's reader): the dev file has the training file's columns,
+    and each holds at least one window."""
+    read = family(args.family).part("reader")
+    train = read(args.train, _names(args.columns), _names(args.targets))
+    dev = read(args.dev, train.columns, train.targets)
+    for series in (train, dev):
+        series.check_length(args.lookback, args.horizon)
+    return train, dev
+
+
 def train_main(argv: Sequence[str]) -> int:
-    args = _parser("rtserve train").parse_args(list(argv))
+    parser = _parser("rtserve train")
+    args = parser.parse_args(list(argv))
+    if (args.train is None) != (args.dev is None):
+        parser.error("give --train FILE and --dev FILE (CSV), or neither for --data (ETTh1, Informer protocol)")
+    if args.train is None and (args.columns or args.targets):
+        parser.error("--columns and --targets choose among the columns of --train and --dev")
     torch.set_num_threads(args.threads)
     seed_everything(args.seed)
-    x_train, y_train, scaler, names = load_split(args.data, "train", args.lookback, args.horizon)
-    x_val, y_val, _, _ = load_split(args.data, "val", args.lookback, args.horizon, scaler)
-    x_test, y_test, _, _ = load_split(args.data, "test", args.lookback, args.horizon, scaler)
+    splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if args.train is not None:
+        train_series, dev_series = read_files(args)
+        scaler = Scaler.fit(train_series.values)
+        names, targets = train_series.columns, train_series.targets
+        for split, series in (("train", train_series), ("val", dev_series)):
+            splits[split] = windows(scaler.transform(series.values), args.lookback, args.horizon)
+        protocol = "files"
+    else:
+        x, y, scaler, names = load_split(args.data, "train", args.lookback, args.horizon)
+        splits["train"], targets, protocol = (x, y), names, "informer"
+        for split in ("val", "test"):
+            splits[split] = load_split(args.data, split, args.lookback, args.horizon, scaler)[:2]
+    x_train, y_train = splits["train"]
+    x_val, y_val = splits["val"]
+    target_indices = [names.index(name) for name in targets]
+    n_vars = len(names)
     started = time.perf_counter()
     recipe: dict[str, Any] = {"argv": ["rtserve", "train", *argv], "hardware": hardware(args.threads)}
 
     if args.family == "linear":
         best: tuple[float, float, Any] | None = None
         for alpha in (float(v) for v in args.alphas.split(",")):
-            model = LinearForecaster(LinearConfig(7, args.lookback, args.horizon, alpha))
+            model = LinearForecaster(LinearConfig(n_vars, args.lookback, args.horizon, alpha))
             weight, bias = ridge_fit(x_train, y_train, alpha)
             model.linear.weight.data = torch.tensor(weight, dtype=torch.float32)
             model.linear.bias.data = torch.tensor(bias, dtype=torch.float32)
-            score = evaluate(model, x_val, y_val)["mse"]
+            score = evaluate(model, x_val, y_val, targets=target_indices)["mse"]
             if best is None or score < best[0]:
                 best = (score, alpha, model)
         assert best is not None
         model, config = best[2], best[2].config
         recipe["alpha"] = best[1]
     else:
-        config = _config(args)
+        config = _config(args, n_vars)
         model = family(args.family).build_model(config)
         if args.init_linear == "ridge":
             weight, bias = ridge_fit(x_train, y_train, 1.0)
@@ -153,17 +208,20 @@ def train_main(argv: Sequence[str]) -> int:
         elif args.init_linear == "zero":
             nn.init.zeros_(model.linear.weight)
             nn.init.zeros_(model.linear.bias)
-        model, history = _fit(model, args, x_train, y_train, x_val, y_val)
+        model, history = _fit(model, args, x_train, y_train, x_val, y_val, target_indices)
         recipe["history"] = history
 
     train_seconds = time.perf_counter() - started
-    metrics = {"val": evaluate(model, x_val, y_val), "test": evaluate(model, x_test, y_test)}
+    metrics = {split: evaluate(model, x, y, targets=target_indices) for split, (x, y) in splits.items()
+               if split != "train"}
     recipe["train_seconds"] = round(train_seconds, 1)
     parameters = sum(p.numel() for p in model.parameters())
     extras = {
         "task": "forecast",
         "scaler": scaler.as_dict(),
         "variables": names,
+        "targets": targets,
+        "protocol": protocol,  # "files": every window of a --data file is scored; "informer": its test split
         "lookback": args.lookback,
         "horizon": args.horizon,
         "seed": args.seed,
@@ -193,8 +251,10 @@ def _fit(
     y_train: np.ndarray,
     x_val: np.ndarray,
     y_val: np.ndarray,
+    targets: Sequence[int] | None = None,
 ) -> tuple[nn.Module, list[dict[str, float]]]:
-    """AdamW on MSE with a cosine schedule; returns the epoch with the lowest val MSE."""
+    """AdamW on MSE (every column) with a cosine schedule; returns the epoch with the lowest val MSE of the
+    ``targets``."""
     x = torch.as_tensor(np.ascontiguousarray(x_train), dtype=torch.float32)
     y = torch.as_tensor(np.ascontiguousarray(y_train), dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -203,7 +263,7 @@ def _fit(
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / total)))
     generator = torch.Generator().manual_seed(args.seed)
     best_state = {k: v.clone() for k, v in model.state_dict().items()}
-    best_val = evaluate(model, x_val, y_val)["mse"]
+    best_val = evaluate(model, x_val, y_val, targets=targets)["mse"]
     history = [{"epoch": 0, "val_mse": best_val}]
     stale = 0
     for epoch in range(1, args.epochs + 1):
@@ -223,7 +283,7 @@ def _fit(
             schedule.step()
             running += loss.item()
             bar.set_postfix(loss=f"{running / (index + 1):.4f}")
-        val = evaluate(model, x_val, y_val)["mse"]
+        val = evaluate(model, x_val, y_val, targets=targets)["mse"]
         history.append({"epoch": epoch, "train_mse": running / steps_per_epoch, "val_mse": val})
         print(f"epoch {epoch}: train {running / steps_per_epoch:.4f} val {val:.4f}", file=sys.stderr)
         if val < best_val:
@@ -240,10 +300,12 @@ def _fit(
 def eval_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
-        description="Score a forecaster checkpoint.")
+        description="Score a forecaster checkpoint: every window of a CSV file (a model trained on --train "
+        "files), or a split of ETTh1 (Informer protocol).")
     parser.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV")
-    parser.add_argument("--split", default="test", choices=("train", "val", "test", "all"))
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="CSV with the model's columns")
+    parser.add_argument("--split", default="test", choices=("train", "val", "test", "all"),
+                        help="Informer protocol: the split scored (a model trained on files scores the whole file)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(list(argv))
     torch.set_num_threads(args.threads)
@@ -255,15 +317,18 @@ def eval_main(argv: Sequence[str]) -> int:
     model.load_state_dict(checkpoint.state_dict)
     lookback, horizon = int(checkpoint.extras["lookback"]), int(checkpoint.extras["horizon"])
     scaler = Scaler.from_dict(checkpoint.extras["scaler"])
-    x, y, _, _ = load_split(args.data, args.split, lookback, horizon, scaler)
+    columns, targets = columns_and_targets(checkpoint)
+    read = family(checkpoint.family).part("reader")
+    x, y, split = windows_to_score(args.data, args.split, checkpoint.extras, scaler, read)
     result = {
         "checkpoint": str(folder),
         "family": checkpoint.family,
         "data": args.data,
-        "split": args.split,
+        "split": split,
         "lookback": lookback,
         "horizon": horizon,
-        **evaluate(model, x, y),
+        "targets": targets,
+        **evaluate(model, x, y, targets=[columns.index(name) for name in targets]),
     }
     print(json.dumps(result))
     return 0

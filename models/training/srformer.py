@@ -1,5 +1,8 @@
-"""Training and evaluation recipe for the SRformer news summarizer (BBC News Summary).
+"""Training and evaluation recipe for SRformer summarizers: on a user's JSON Lines pairs, or on BBC News
+Summary and SumPubMed.
 
+    rtserve train srformer --train train.jsonl --dev dev.jsonl --out runs/notes  # {"source": ..., "summary": ...}
+    rtserve eval runs/notes --data test.jsonl
     rtserve train srformer --data ../shared/data/bbc-news-summary --cross-attention srformer \\
         --segment-size 16 --seed 0 --out runs/srformer-s16-seed0
     rtserve eval runs/srformer-s16-seed0 --data ../shared/data/bbc-news-summary --split test
@@ -29,12 +32,13 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.data.summarization import corpus_name, corpus_of, rouge_scores
+from models.data.summarization import PairsFile, corpus_name, corpus_of, rouge_scores
 from models.srformer import (
     RECURRENT_NORMS,
     RECURRENT_PARTS,
@@ -45,8 +49,10 @@ from models.srformer import (
     warm_start_from_minilm,
 )
 from models.training.common import hardware, recipe_record, seed_everything
+from rtserve.families import family
 
 CACHE_ROOT = Path("cache")
+Corpus = ModuleType | PairsFile  # a corpus module (models.data.bbc, models.data.sumpubmed) or a user's file
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -60,10 +66,20 @@ class Example:
     reference: str  # summary text
 
 
-def _cache_path(data: Path, max_source: int, window: int) -> Path:
-    stamp = f"{data.resolve()}-{(data / 'splits.json').stat().st_size if (data / 'splits.json').exists() else 0}"
+def _cache_path(data: Path, max_source: int, window: int, corpus: Corpus | None = None) -> Path:
+    if isinstance(corpus, PairsFile):  # a user's file: the cache follows its contents
+        stamp, name = corpus.digest, corpus.__name__
+    else:
+        stamp = f"{data.resolve()}-{(data / 'splits.json').stat().st_size if (data / 'splits.json').exists() else 0}"
+        name = corpus_name(data)
     key = hashlib.sha256(f"{stamp}-{max_source}-{window}-minilm-l6".encode()).hexdigest()[:10]
-    return CACHE_ROOT / f"srformer-{corpus_name(data)}-k{max_source}-w{window}-{key}"
+    return CACHE_ROOT / f"srformer-{name}-k{max_source}-w{window}-{key}"
+
+
+def pairs_file(path: Path, args: argparse.Namespace) -> PairsFile:
+    """A user's JSON Lines file of pairs, read by the family's reader with the command's field names."""
+    read = family("srformer").part("reader")
+    return PairsFile(path, read(path, source_field=args.source_field, summary_field=args.summary_field))
 
 
 def _cache_index(folder: Path) -> dict[str, list[str]]:
@@ -77,7 +93,7 @@ def _cache_index(folder: Path) -> dict[str, list[str]]:
 
 @torch.no_grad()
 def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch_windows: int = 8,
-                device: str = "cpu") -> Path:
+                device: str = "cpu", corpus: Corpus | None = None) -> Path:
     """Encode the documents of ``keys`` not cached yet (all windows, batched, padded) into a new shard.
 
     Only what is asked for is encoded: an eval of 200 test articles encodes 200 articles, not the
@@ -88,7 +104,8 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
 
     from models.minilm import load_minilm_encoder, load_minilm_tokenizer
 
-    folder = _cache_path(data, max_source, window)
+    corpus = corpus or corpus_of(data)
+    folder = _cache_path(data, max_source, window, corpus)
     shards = _cache_index(folder)
     cached = {key for shard_keys in shards.values() for key in shard_keys}
     keys = list(dict.fromkeys(key for key in keys if key not in cached))
@@ -97,7 +114,7 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = load_minilm_tokenizer()
     encoder = load_minilm_encoder().to(device)
-    pairs = [corpus_of(data).read_pair(data, key) for key in keys]
+    pairs = [corpus.read_pair(data, key) for key in keys]
     sources = [torch.tensor(tokenizer.encode(p.document, add_special_tokens=False).ids[:max_source]) for p in pairs]
     targets = [torch.tensor(tokenizer.encode(p.summary, add_special_tokens=False).ids) for p in pairs]
     windows = [(d, start) for d, src in enumerate(sources) for start in range(0, len(src), window)]
@@ -131,19 +148,20 @@ def build_cache(data: Path, keys: list[str], max_source: int, window: int, batch
 
 
 def load_examples(data: Path, split: str, max_source: int, window: int, limit: int | None = None,
-                  device: str = "cpu") -> list[Example]:
-    corpus = corpus_of(data)
+                  device: str = "cpu", corpus: Corpus | None = None) -> list[Example]:
+    """The examples of a corpus folder's split, or of a user's file (``corpus``: its :class:`PairsFile`)."""
+    corpus = corpus or corpus_of(data)
     keys = corpus.split_keys(data, split)[:limit] if limit else corpus.split_keys(data, split)
-    return load_examples_of(data, keys, max_source, window, device)
+    return load_examples_of(data, keys, max_source, window, device, corpus)
 
 
 def load_examples_of(data: Path, keys: list[str], max_source: int, window: int = 510,
-                     device: str = "cpu") -> list[Example]:
+                     device: str = "cpu", corpus: Corpus | None = None) -> list[Example]:
     """The cached examples of ``keys`` (encoding those not cached yet), in that order."""
     from safetensors import safe_open
 
-    corpus = corpus_of(data)
-    folder = build_cache(data, keys, max_source, window, device=device)  # encodes only what is missing
+    corpus = corpus or corpus_of(data)
+    folder = build_cache(data, keys, max_source, window, device=device, corpus=corpus)  # encodes what is missing
     shard_of = {key: shard for shard, shard_keys in _cache_index(folder).items() for key in shard_keys}
     out = []
     for shard in dict.fromkeys(shard_of[key] for key in keys):
@@ -271,9 +289,15 @@ def summarize_examples(model: SRformer, examples: list[Example], tokenizer: obje
 def train_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train srformer",
-        description="Train an SRformer summarizer (BBC News Summary or SumPubMed).")
+        description="Train an SRformer summarizer: on source/summary pairs in JSON Lines (--train, --dev) or on "
+        "BBC News Summary or SumPubMed (--data).")
     parser.add_argument("family", choices=["srformer"])
-    parser.add_argument("--data", required=True, type=Path, help="bbc-news-summary or sumpubmed folder")
+    parser.add_argument("--data", type=Path, help="bbc-news-summary or sumpubmed folder")
+    parser.add_argument("--train", type=Path, help='JSON Lines of pairs, {"source": ..., "summary": ...} a line '
+                        "(instead of --data)")
+    parser.add_argument("--dev", type=Path, help="JSON Lines like --train: the epoch kept is the one scoring best here")
+    parser.add_argument("--source-field", default="source", help="the document's field in --train and --dev")
+    parser.add_argument("--summary-field", default="summary", help="the reference summary's field")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument("--cross-attention", choices=["full", "segmented", "srformer"], default="srformer")
     parser.add_argument("--segment-size", type=int, default=16, help="s: encoder positions per segment")
@@ -318,6 +342,10 @@ def train_main(argv: Sequence[str]) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     args = parser.parse_args(list(argv))
+    if (args.data is None) == (args.train is None) or (args.train is None) != (args.dev is None):
+        parser.error("give --train FILE --dev FILE (JSON Lines), or --data FOLDER")
+    # a user's files are read (and refused, naming a bad line) before any model is built
+    train_corpus, dev_corpus = (None, None) if args.data else (pairs_file(args.train, args), pairs_file(args.dev, args))
     from tqdm import tqdm
 
     from models.minilm import load_minilm_tokenizer, minilm_config
@@ -343,10 +371,11 @@ def train_main(argv: Sequence[str]) -> int:
         load_decoder_weights(model, load_checkpoint(args.init_from))
     model = model.to(args.device).train()
     tokenizer = load_minilm_tokenizer()
-    train = load_examples(args.data, "train", args.max_source, config.encoder_window, args.train_limit or None,
-                          device=args.device)
-    dev = load_examples(args.data, "dev", args.max_source, config.encoder_window,
-                        max(args.dev_loss_limit, args.dev_limit) if args.dev_loss_limit else None, device=args.device)
+    train = load_examples(args.data or args.train, "train", args.max_source, config.encoder_window,
+                          args.train_limit or None, device=args.device, corpus=train_corpus)
+    dev = load_examples(args.data or args.dev, "dev", args.max_source, config.encoder_window,
+                        max(args.dev_loss_limit, args.dev_limit) if args.dev_loss_limit else None, device=args.device,
+                        corpus=dev_corpus)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     clip_groups = clipping_groups(model, args.clip_recurrent_apart)
@@ -417,8 +446,11 @@ def eval_main(argv: Sequence[str]) -> int:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
         description="ROUGE of an SRformer summarizer.")
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("--data", required=True, type=Path)
-    parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"])
+    parser.add_argument("--data", required=True, type=Path, help="JSON Lines file of pairs (as --train), or a "
+                        "bbc-news-summary or sumpubmed folder")
+    parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"], help="a folder's split")
+    parser.add_argument("--source-field", default="source", help="JSON Lines: the document's field")
+    parser.add_argument("--summary-field", default="summary", help="JSON Lines: the reference summary's field")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--beams", type=int, default=1)
     parser.add_argument("--no-repeat-ngram", type=int, default=0)
@@ -433,6 +465,7 @@ def eval_main(argv: Sequence[str]) -> int:
     parser.add_argument("--recurrent-norm", choices=RECURRENT_NORMS, default=None,
                         help="diagnostic: with --cross-attention srformer, the form of O_R")
     args = parser.parse_args(list(argv))
+    corpus = None if args.data.is_dir() else pairs_file(args.data, args)
     from models.minilm import load_minilm_tokenizer
 
     torch.set_num_threads(args.threads)
@@ -447,7 +480,7 @@ def eval_main(argv: Sequence[str]) -> int:
         from models.serving.srformer import EagerSummarizer
 
         stream = EagerSummarizer(model, load_minilm_encoder(), tokenizer)
-        pairs = corpus_of(args.data).load_split(args.data, args.split, args.limit or None)
+        pairs = (corpus or corpus_of(args.data)).load_split(args.data, args.split, args.limit or None)
         started = time.perf_counter()
         texts = [stream.summarize(p.document, beams=args.beams, no_repeat_ngram=args.no_repeat_ngram)
                  for p in pairs]
@@ -455,11 +488,13 @@ def eval_main(argv: Sequence[str]) -> int:
         references = [p.summary for p in pairs]
         speed = {"encode_and_decode_s_per_summary": round(seconds / max(len(pairs), 1), 4)}
     else:
-        examples = load_examples(args.data, args.split, c.max_source, c.encoder_window, args.limit or None)
+        examples = load_examples(args.data, args.split, c.max_source, c.encoder_window, args.limit or None,
+                                 corpus=corpus)
         texts, speed = summarize_examples(model, examples, tokenizer, args.beams, args.no_repeat_ngram)
         references = [e.reference for e in examples]
     scores = rouge_scores(texts, references)
-    print(json.dumps({"checkpoint": str(args.checkpoint), "split": args.split, "n": len(texts),
+    print(json.dumps({"checkpoint": str(args.checkpoint), "split": args.split if corpus is None else str(args.data),
+                      "n": len(texts),
                       "cross_attention": c.cross_attention, "segment_size": c.segment_size,
                       "recurrent_norm": c.recurrent_norm, "recurrent_part": c.recurrent_part,
                       "beams": args.beams, "no_repeat_ngram": args.no_repeat_ngram,

@@ -37,7 +37,8 @@ class ForecastPipeline:
         self.initial_state = load_initial_state(entry)
         settings = manifest["settings"]
         self.lookback, self.horizon = int(settings["lookback"]), int(settings["horizon"])
-        self.variables = list(settings["variables"])
+        self.variables = list(settings["variables"])  # the columns of a row
+        self.targets = list(settings.get("targets", self.variables))  # the columns of the forecast
         mean, std = np.asarray(settings["scaler"]["mean"]), np.asarray(settings["scaler"]["std"])
         self.lowest, self.highest = mean - STANDARD_DEVIATIONS * std, mean + STANDARD_DEVIATIONS * std  # (C,)
 
@@ -94,7 +95,7 @@ class ForecastPipeline:
         allows any number of rows, and the answer says what is missing)."""
         if last_result is None:  # a session finished before any rows
             rows_seen = int(state["rows_seen"][0])
-            return Finished({"forecast": None, "horizon": self.horizon, "variables": self.variables,
+            return Finished({"forecast": None, "horizon": self.horizon, "variables": self.targets,
                              "rows_seen": rows_seen, "rows_needed": max(0, self.lookback - rows_seen)})
         return Finished(dict(last_result))
 
@@ -109,7 +110,7 @@ class ForecastPipeline:
         return {
             "forecast": out["forecast"][0].astype(float).tolist() if ready else None,
             "horizon": self.horizon,
-            "variables": self.variables,
+            "variables": self.targets,
             "rows_seen": rows_seen,
             "rows_needed": max(0, self.lookback - rows_seen),
         }

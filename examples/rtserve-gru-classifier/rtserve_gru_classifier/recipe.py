@@ -1,9 +1,12 @@
-"""``rtserve train gru-classifier --data train.jsonl --out DIR`` and ``rtserve eval DIR --data test.jsonl``.
+"""``rtserve train gru-classifier --train train.jsonl --dev dev.jsonl --out DIR`` and
+``rtserve eval DIR --data test.jsonl``.
 
-Data: JSON Lines, one document a line, ``{"text": "...", "label": "..."}``; the labels are the ones the
-training file holds, sorted. Training cuts each document with rtserve's text cutter (the segments the
-service will read), runs the GRU segment by segment from a zero memory, and fits the last segment's
-logits to the label with cross-entropy (AdamW; gradients flow through every segment read).
+Data: JSON Lines, one document a line, ``{"text": "...", "label": "..."}``, read by the reader the
+family's record names (rtserve's, for the classify task: a bad line stops the command with the file and
+line); the labels are the ones the training file holds, sorted. Training cuts each document with
+rtserve's text cutter (the segments the service will read), runs the GRU segment by segment from a zero
+memory, and fits the last segment's logits to the label with cross-entropy (AdamW; gradients flow
+through every segment read).
 """
 
 from __future__ import annotations
@@ -19,10 +22,22 @@ import torch
 import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.data.files import check_labels, label_set
 from models.minilm import load_minilm_tokenizer
 from models.text_stream import SegmentCutter
-from rtserve_gru_classifier.data import read_jsonl
+from rtserve.families import family
 from rtserve_gru_classifier.model import GRUClassifier, GRUConfig
+
+
+def read_documents(path: str, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(text, label)`` of every document of a JSON Lines file, read by the family's reader."""
+    read = family("gru-classifier").part("reader")
+    return [(e.text, e.label) for e in read(path, text_field=args.text_field, label_field=args.label_field)]
+
+
+def add_field_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text-field", default="text", help="the text's field")
+    parser.add_argument("--label-field", default="label", help="the label's field")
 
 
 def segment_batch(cutter: SegmentCutter, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +75,10 @@ def train_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rtserve train gru-classifier", description="Train the GRU classifier "
                                      "on a JSON Lines file.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("family")
-    parser.add_argument("--data", required=True, help='training JSONL: {"text": ..., "label": ...} per line')
+    parser.add_argument("--train", "--data", dest="train", required=True,
+                        help='training JSONL: {"text": ..., "label": ...} per line')
     parser.add_argument("--dev", help="JSONL scored after training (its accuracy goes into the checkpoint)")
+    add_field_flags(parser)
     parser.add_argument("--out", required=True, help="checkpoint folder to write")
     for flag, default, text in [
         ("--segment-size", 64, "tokens per segment, [CLS] and [SEP] included"),
@@ -76,8 +93,10 @@ def train_main(argv: Sequence[str]) -> int:
         parser.add_argument(flag, type=type(default), default=default, help=text)
     args = parser.parse_args(list(argv))
     torch.manual_seed(args.seed)
-    documents = read_jsonl(args.data)
-    labels = sorted({label for _, label in documents})
+    examples = family("gru-classifier").part("reader")(args.train, text_field=args.text_field,
+                                                       label_field=args.label_field)
+    labels = label_set(args.train, examples)
+    documents = [(e.text, e.label) for e in examples]
     config = GRUConfig(embed_dim=args.embed, hidden_size=args.hidden, segment_size=args.segment_size, labels=labels)
     model = GRUClassifier(config)
     cutter = SegmentCutter(load_minilm_tokenizer(), args.segment_size, args.max_segments)
@@ -100,7 +119,7 @@ def train_main(argv: Sequence[str]) -> int:
         print(f"epoch {epoch + 1}: loss {total / len(documents):.4f}", file=sys.stderr)
     metrics = {"train_accuracy": accuracy(model, cutter, documents)}
     if args.dev:
-        metrics["dev_accuracy"] = accuracy(model, cutter, read_jsonl(args.dev))
+        metrics["dev_accuracy"] = accuracy(model, cutter, read_documents(args.dev, args))
     extras = {"task": "classify", "metrics": metrics, "recipe": {"argv": ["rtserve", "train", *argv]},
               "train_seconds": round(time.perf_counter() - started, 1)}
     save_checkpoint(args.out, "gru-classifier", config, model.state_dict(), extras)
@@ -113,12 +132,16 @@ def eval_main(argv: Sequence[str]) -> int:
                                      "JSON Lines file.")
     parser.add_argument("checkpoint", help="checkpoint folder")
     parser.add_argument("--data", required=True, help='JSONL: {"text": ..., "label": ...} per line')
+    add_field_flags(parser)
     args = parser.parse_args(list(argv))
     checkpoint = load_checkpoint(args.checkpoint)
     model = GRUClassifier(GRUConfig(**checkpoint.config))
     model.load_state_dict(checkpoint.state_dict)
     cutter = SegmentCutter(load_minilm_tokenizer(), model.config.segment_size, None)  # served: every segment
-    documents = read_jsonl(args.data)
+    examples = family("gru-classifier").part("reader")(args.data, text_field=args.text_field,
+                                                       label_field=args.label_field)
+    check_labels(args.data, examples, model.config.labels)
+    documents = [(e.text, e.label) for e in examples]
     print(json.dumps({"checkpoint": args.checkpoint, "data": args.data, "documents": len(documents),
                       "accuracy": accuracy(model, cutter, documents)}))
     return 0
