@@ -122,6 +122,12 @@ async def score_summarizer(model: LoadedModel, args: argparse.Namespace) -> dict
                                          args.extractor_train_limit, args.extractor)
     systems = score_systems(texts, pairs)
     print(systems_table(systems), file=sys.stderr)
+    if args.summaries_out:
+        with open(args.summaries_out, "w", encoding="utf-8") as out:
+            for i, pair in enumerate(pairs):
+                row = {"key": pair.key, **{system: summaries[i] for system, summaries in texts.items()},
+                       "reference": pair.summary}
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
     if args.judgement_sheet:
         from rtserve.judgement import write_sheet
 
@@ -230,6 +236,8 @@ def main(argv: Sequence[str]) -> int:
                            help="leave out the TF-IDF sentence extractor baseline (trained on the train split)")
     summaries.add_argument("--extractor-train-limit", type=int, default=0,
                            help="train the extractor on the first N training documents (0 = all)")
+    summaries.add_argument("--summaries-out", help="write every document's summaries, by system, here (JSON "
+                           "lines: key, model, lead_same_length, lead_<k>, extractor, reference)")
     summaries.add_argument("--judgement-sheet", help="also write a blind-judgement sheet here (its key: "
                            "<name>.key.json beside it); score it with `rtserve judgement score`")
     summaries.add_argument("--judgement-count", type=int, default=15, help="documents on the sheet")

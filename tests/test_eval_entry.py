@@ -56,7 +56,8 @@ def test_summarizer_entry_reports_the_readers_measures_beside_the_baselines(summ
     data = _tiny_bbc(tmp_path / "bbc")
     sheet = tmp_path / "sheet.json"
     report = _eval(repository / "srformer-tiny" / "1", "--data", str(data), "--split", "dev",
-                   "--decoding", "free", "--judgement-sheet", str(sheet), "--judgement-count", "2")
+                   "--decoding", "free", "--judgement-sheet", str(sheet), "--judgement-count", "2",
+                   "--summaries-out", str(tmp_path / "summaries.jsonl"))
     systems = report["systems"]
     assert report["pairs"] == 3 and report["corpus"] == "bbc" and report["options"] == {"decoding": "free"}
     assert set(systems) == {"model", "lead_same_length", "lead_3", "extractor", "reference"}
@@ -65,6 +66,10 @@ def test_summarizer_entry_reports_the_readers_measures_beside_the_baselines(summ
     for name in ("lead_same_length", "lead_3", "extractor"):
         assert systems[name]["verbatim_sentences"] == 1.0 and systems[name]["cased_as_source"] == 1.0
     assert "rouge1" not in systems["reference"] and systems["reference"]["verbatim_sentences"] == 1.0
+    rows = [json.loads(line) for line in (tmp_path / "summaries.jsonl").read_text().splitlines()]
+    assert [row["key"] for row in rows] == ["business/010.txt", "business/011.txt", "business/012.txt"]
+    assert set(rows[0]) == {"key", "model", "lead_same_length", "lead_3", "extractor", "reference"}
+    assert all(row["model"] and row["reference"] in row["extractor"] for row in rows)  # its first pick: the verdict
     # the sheet: two documents, model / same-length lead / reference behind A, B, C
     items = json.loads(sheet.read_text())["items"]
     assert len(items) == 2

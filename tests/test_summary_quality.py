@@ -32,6 +32,10 @@ def test_verbatim_sentences_ignore_spacing_and_respect_word_boundaries():
     assert verbatim_sentences(summary, source) == (2, 3, 4)
     # "he said." sits inside "she said.": not the same sentence
     assert verbatim_sentences("He said.", "And she said.") == (0, 0, 1)
+    # a copied sentence opens with a capital, in cased text or in lower-cased text; only its first letter
+    assert verbatim_sentences("The bank said so.", "and the bank said so.") == (1, 1, 1)
+    assert verbatim_sentences("The Bank said so.", "and the bank said so.") == (0, 1, 1)
+    assert verbatim_sentences("5 Pools.", "in 5 pools.") == (0, 1, 1)  # a digit opens it: no capital to forgive
 
 
 def test_cased_as_source_judges_words_the_source_has_and_sentence_starts():

@@ -9,7 +9,8 @@ measures sit beside it (``rtserve eval`` reports both, for the model and for the
   investigated.") scores high; a lead of the article scores about 1%.
 - **verbatim sentences**: of all summary sentences, the share found in the source as written, after
   white space is collapsed to single spaces, at word boundaries. Reported twice: case-sensitive
-  (``verbatim_sentences``) and case-insensitive (``verbatim_sentences_uncased``), so that a summary
+  (``verbatim_sentences``; a sentence may open with a capital where the source has a lower-case letter,
+  as a sentence start should) and case-insensitive (``verbatim_sentences_uncased``), so that a summary
   copied in the wrong case is told apart from one that is not copied at all.
 - **length ratio**: the mean over documents of summary words / reference words.
 - **cased as the source**: of the summary words whose letters occur in the source as a word in some
@@ -67,17 +68,37 @@ def _occurs(sentence: str, source: str) -> bool:
     return False
 
 
+def _first_letter_lowered(sentence: str) -> str:
+    """``sentence`` with its first letter in lower case, unless a digit comes first (the inverse of
+    :func:`models.sentences.capitalised`)."""
+    for i, ch in enumerate(sentence):
+        if ch.isalpha():
+            return sentence[:i] + ch.lower() + sentence[i + 1 :]
+        if ch.isdigit():
+            break
+    return sentence
+
+
+def _occurs_as_sentence(sentence: str, source: str) -> bool:
+    """Case-sensitive, but a sentence may open with a capital where the source has it in lower case
+    (a sentence copied from mid-sentence, or from lower-cased text, starts with a capital)."""
+    return _occurs(sentence, source) or _occurs(_first_letter_lowered(sentence), source)
+
+
 def contains_sentence(text: str, sentence: str, ignore_case: bool = False) -> bool:
-    """Whether ``sentence`` occurs in ``text`` as written (white space normalised, at word boundaries)."""
+    """Whether ``sentence`` occurs in ``text`` as written (white space normalised, at word boundaries; its
+    first letter may be a capital where ``text`` has it in lower case)."""
     text, sentence = _normalised(text), _normalised(sentence)
+    if not sentence:
+        return False
     if ignore_case:
-        text, sentence = text.lower(), sentence.lower()
-    return bool(sentence) and _occurs(sentence, text)
+        return _occurs(sentence.lower(), text.lower())
+    return _occurs_as_sentence(sentence, text)
 
 
 def verbatim_sentences(summary: str, source: str) -> tuple[int, int, int]:
-    """``(cased, uncased, total)``: summary sentences found in the source case-sensitively, found ignoring
-    case, and all (white space normalised on both sides)."""
+    """``(cased, uncased, total)``: summary sentences found in the source case-sensitively (but for a capital
+    opening the sentence), found ignoring case, and all (white space normalised on both sides)."""
     normal_source = _normalised(source)
     lower_source = normal_source.lower()
     cased = uncased = total = 0
@@ -86,7 +107,7 @@ def verbatim_sentences(summary: str, source: str) -> tuple[int, int, int]:
         if not sentence:
             continue
         total += 1
-        cased += _occurs(sentence, normal_source)
+        cased += _occurs_as_sentence(sentence, normal_source)
         uncased += _occurs(sentence.lower(), lower_source)
     return cased, uncased, total
 
