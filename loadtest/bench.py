@@ -787,13 +787,10 @@ def service_settings(repository: Path) -> Any:
 
 
 def settings_in_effect(settings: Any) -> dict[str, Any]:
-    from service.workers import threads_per_worker
-
     shown = ("backend", "model_backends", "workers", "intra_op_threads", "intra_op_spinning", "max_batch_size",
              "max_queue_delay_ms", "log_level")
     in_effect: dict[str, Any] = {name: getattr(settings, name) for name in shown}
-    if settings.workers > 1:  # the offline steps keep intra_op_threads: the step alone, on the whole machine
-        in_effect["worker_intra_op_threads"] = threads_per_worker(settings)
+    in_effect["engine"] = "one engine process, every front end's rows" if settings.workers > 1 else "in process"
     in_effect["redis"] = "embedded"
     in_effect["api_keys"] = "set" if settings.api_keys else "none"
     return in_effect

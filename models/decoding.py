@@ -86,7 +86,7 @@ class GreedySearch:
                  on_token: TokenCallback | None = None, ends: frozenset[int] = frozenset(),
                  target: int | None = None) -> None:
         self.rows = 1
-        self.eos, self.vocab_ids, self.limit, self.no_repeat = eos, vocab_ids, limit, no_repeat
+        self.bos, self.eos, self.vocab_ids, self.limit, self.no_repeat = bos, eos, vocab_ids, limit, no_repeat
         self.ends, self.target = ends, target if target is not None else limit
         self.on_token = on_token
         self.ban = NgramBan(no_repeat)
@@ -121,7 +121,7 @@ class BeamSearch:
     def __init__(self, bos: int, eos: int, vocab_ids: np.ndarray, limit: int, no_repeat: int, beams: int,
                  length_penalty: float = 1.0, ends: frozenset[int] = frozenset(), target: int | None = None) -> None:
         self.rows = beams
-        self.eos, self.vocab_ids, self.limit, self.no_repeat = eos, vocab_ids, limit, no_repeat
+        self.bos, self.eos, self.vocab_ids, self.limit, self.no_repeat = bos, eos, vocab_ids, limit, no_repeat
         self.ends, self.target = ends, target if target is not None else limit
         self.length_penalty = length_penalty
         self.bans = [NgramBan(no_repeat) for _ in range(beams)]

@@ -25,6 +25,7 @@ from service.errors import install_error_handlers
 from service.metrics import ServiceMetrics
 from service.middleware import BodyLimitMiddleware, RequestIdMiddleware, RequestMetricsMiddleware
 from service.routers import classify, docs, forecast, health, models, sessions, summarize
+from service.runtime.engine import EngineClient
 from service.runtime.registry import ModelRegistry
 from service.schemas import ErrorEvent, TokenEvent
 from service.session_flow import SessionFlow
@@ -49,7 +50,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     store = StateStore.from_url(redis_url, settings.redis_key_prefix, settings.redis_timeout_seconds,
                                 settings.redis_max_connections, settings.redis_pool_timeout_seconds,
                                 cluster=settings.redis_cluster)
-    registry = ModelRegistry(settings, metrics)
+    engine = EngineClient(settings.engine_socket) if settings.engine_socket else None
+    if engine is not None:  # a front end: the engine process loads and runs the graphs
+        await engine.connect()
+    registry = ModelRegistry(settings, metrics, engine)
     app.state.store = store
     app.state.registry = registry
     sessions = SessionStore(store, settings, metrics)
@@ -60,6 +64,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         await sessions.close()
         await registry.close()
+        if engine is not None:
+            await engine.close()
         await store.close()
         if embedded is not None:
             embedded.stop()

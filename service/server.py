@@ -39,7 +39,7 @@ from service.logs import configure_logging, uvicorn_log_config
 from service.metrics import ServiceMetrics
 from service.settings import Settings
 from service.shutdown import CUT_MARGIN_SECONDS, Shutdown
-from service.workers import MetricsDirError, shared_by_workers
+from service.workers import EngineStartError, MetricsDirError, shared_by_workers
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -161,5 +161,5 @@ def run(host: str | None = None, port: int | None = None) -> None:
         with shared_by_workers(settings):  # spawned, each worker reads it from the environment (worker_app)
             uvicorn.run("service.server:worker_app", factory=True, workers=settings.workers,
                         http=HeaderTimeoutProtocol, **options)
-    except MetricsDirError as error:  # raised before any worker started
+    except (MetricsDirError, EngineStartError) as error:  # raised before any worker started
         raise SystemExit(f"rtserve: {error}") from None

@@ -133,9 +133,14 @@ class Settings(BaseSettings):
         "what is still running then is answered 503 (a stream: an `error` event).",
     )
     workers: int = Field(
-        1, ge=1, description="Worker processes serving one port, each a whole replica (models, batcher), sharing "
-        "one Redis and one metrics folder: for CPU hosts with more cores than one process keeps busy (on 2 cores "
-        "it raised no throughput). Each worker holds its own copy of every model and batches only its own requests.",
+        1, ge=1, description="HTTP front ends serving one port. Above 1, one engine process owns the models (one "
+        "copy per device) and batches the rows of every front end together; the front ends parse, validate, talk "
+        "to Redis and run the pipelines around the graphs, each on its own core. They share one Redis and one "
+        "metrics folder.",
+    )
+    engine_socket: Path | None = Field(
+        None, description="Set by the service for its front ends (RTSERVE_WORKERS above 1): the engine process's "
+        "Unix socket. A process with it set loads no graph and sends every step to that engine.",
     )
     metrics_dir: Path | None = Field(
         None, description="With several workers: a folder of their own where they keep their metric files (an "

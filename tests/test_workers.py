@@ -1,4 +1,5 @@
-"""`rtserve serve` with RTSERVE_WORKERS=2: one port, one Redis, one set of metrics, no process left behind."""
+"""`rtserve serve` with RTSERVE_WORKERS=2: two front ends and one engine on one port, one Redis, one set of
+metrics, no process left behind."""
 
 from __future__ import annotations
 
@@ -20,8 +21,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.chaos import free_port
-from service.settings import Settings
-from service.workers import MetricsDirError, clear_metrics_dir, threads_per_worker, usable_cores
+from service.workers import MetricsDirError, clear_metrics_dir
 from tests.service_helpers import start_rtserve
 
 MODEL = "rsa-tiny"
@@ -55,6 +55,17 @@ def _per_worker(metrics_dir: Path, name: str, **labels: str) -> dict[int, float]
     return totals
 
 
+def _per_worker_histogram(path: Path, name: str) -> float:
+    """``name`` in one process's histogram file alone."""
+    alone = path.parent.parent / f"alone-{path.stem}"
+    shutil.rmtree(alone, ignore_errors=True)
+    alone.mkdir()
+    shutil.copy(path, alone / path.name)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(alone))
+    return sum(sample.value for family in registry.collect() for sample in family.samples if sample.name == name)
+
+
 def _start(tmp_path: Path, repository: Path) -> tuple[subprocess.Popen, str, Path, Path]:
     metrics_dir, redis_dir = tmp_path / "metrics", tmp_path / "redis"
     metrics_dir.mkdir()
@@ -64,6 +75,11 @@ def _start(tmp_path: Path, repository: Path) -> tuple[subprocess.Popen, str, Pat
     port = free_port()
     process = start_rtserve(env, port, output=subprocess.PIPE, timeout=90)
     return process, f"http://127.0.0.1:{port}", metrics_dir, redis_dir / "redis.sock"
+
+
+def _engines(process: subprocess.Popen) -> list[psutil.Process]:
+    return [child for child in psutil.Process(process.pid).children()
+            if "service.runtime.engine" in " ".join(child.cmdline())]
 
 
 def _wait_for_workers(process: subprocess.Popen, count: int, timeout: float = 60) -> list[psutil.Process]:
@@ -76,13 +92,6 @@ def _wait_for_workers(process: subprocess.Popen, count: int, timeout: float = 60
             return workers
         time.sleep(0.1)
     pytest.fail(f"{count} workers did not start")
-
-
-def test_threads_per_worker_share_the_cores():
-    assert threads_per_worker(Settings(workers=1)) == 0  # the runtime's default, as before
-    assert threads_per_worker(Settings(workers=2, intra_op_threads=3)) == 3  # a setting is kept
-    assert threads_per_worker(Settings(workers=2)) == max(1, usable_cores() // 2)
-    assert threads_per_worker(Settings(workers=10_000)) == 1
 
 
 def test_the_metrics_folder_loses_only_prometheus_files_and_refuses_foreign_databases(tmp_path):
@@ -119,14 +128,15 @@ def test_two_workers_share_sessions_and_metrics_and_stop_together(forecast_repos
     process, base, metrics_dir, redis_socket = _start(tmp_path, repository)
     try:
         workers = _wait_for_workers(process, 2)
-        # one-shot requests on fresh connections until both workers have answered some
+        # one-shot requests on fresh connections until both workers have answered some (32 at once: a front end
+        # that sends the step to the engine is free again at once, and an idle one may then not be woken)
         sent = 0
-        with ThreadPoolExecutor(8) as pool:
-            while sent < 400:
+        with ThreadPoolExecutor(32) as pool:
+            while sent < 640:
                 answers = list(pool.map(lambda i: httpx.post(f"{base}/forecast", timeout=30, json={
-                    "model": MODEL, "rows": _rows(LOOKBACK, i)}).status_code, range(sent, sent + 16)))
-                assert answers == [200] * 16
-                sent += 16
+                    "model": MODEL, "rows": _rows(LOOKBACK, i)}).status_code, range(sent, sent + 64)))
+                assert answers == [200] * 64
+                sent += 64
                 per_worker = _per_worker(metrics_dir, "rtserve_requests_total", route="/forecast")
                 if len([n for n in per_worker.values() if n > 0]) >= 2:
                     break
@@ -161,12 +171,20 @@ def test_two_workers_share_sessions_and_metrics_and_stop_together(forecast_repos
         assert open_one.status_code == 201
         metrics = httpx.get(f"{base}/metrics", timeout=10).text
         assert _sample(metrics, "rtserve_active_sessions") == 1  # six finished, one open: read once, not summed
+        # one engine ran every step of both front ends: its batches are in the summed metrics, theirs are none
+        engines = _engines(process)
+        assert len(engines) == 1 and engines[0].pid not in {w.pid for w in workers}
+        steps = _sample(metrics, "rtserve_batch_size_sum", model=f"{MODEL}:1")
+        assert steps == sent + 6 * 11 + 6, steps  # a row per one-shot request, per piece, per final check
+        batch_files = {int(path.stem.rpartition("_")[2]) for path in metrics_dir.glob("histogram_*.db")
+                       if _per_worker_histogram(path, "rtserve_batch_size_count")}
+        assert batch_files == {engines[0].pid}, batch_files
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=60)
     assert process.returncode in (0, -signal.SIGTERM), output
     assert "stopped embedded Redis" in output
-    assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
+    assert not any(child.is_running() and child.status() != psutil.STATUS_ZOMBIE for child in [*workers, *engines])
     assert not redis_socket.exists()  # the parent's embedded Redis stopped with it
 
 
@@ -175,10 +193,11 @@ def test_workers_and_redis_die_with_a_killed_parent(forecast_repository, tmp_pat
     process, _, _, _ = _start(tmp_path, repository)
     workers = _wait_for_workers(process, 2)
     redis = [child for child in psutil.Process(process.pid).children() if "redis" in child.name()]
-    assert len(redis) == 1
+    engines = _engines(process)
+    assert len(redis) == 1 and len(engines) == 1
     process.kill()
     process.wait(timeout=10)
-    _, alive = psutil.wait_procs([*workers, *redis], timeout=15)
+    _, alive = psutil.wait_procs([*workers, *redis, *engines], timeout=15)
     for survivor in alive:  # not to leak them into the rest of the run
         survivor.kill()
     assert not alive, f"left running after the parent was killed: {alive}"

@@ -29,6 +29,7 @@ from service.runtime.batcher import DynamicBatcher
 from service.runtime.batching import ContinuousBatching
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.devices import DeviceConfigError, check_backend_precision, resolve_device
+from service.runtime.engine import EngineClient, RemoteDecodeLoop, RemoteGraph
 from service.runtime.pipeline import Arrays, Consumed, Finished, Pipeline
 from service.settings import Settings
 
@@ -47,7 +48,7 @@ class LoadedModel:
     manifest: dict[str, Any]
     backend: str
     providers: list[str]
-    batchers: dict[str, DynamicBatcher | DecodeLoop]  # per graph
+    batchers: dict[str, DynamicBatcher | DecodeLoop | RemoteGraph]  # per graph (stand-ins in a front end)
     pipeline: Pipeline
     family: Family
     device: str = "cpu"  # "cpu" or "cuda:N", resolved
@@ -115,14 +116,18 @@ def load_model(
     metrics: ServiceMetrics | None = None,
     name: str | None = None,
     version: str | None = None,
+    engine: EngineClient | None = None,
 ) -> LoadedModel:
-    """One repository entry, ready to serve: backends, a batcher per graph, its family's pipeline."""
+    """One repository entry, ready to serve: backends, a batcher per graph, its family's pipeline. With ``engine``
+    (a front end), no graph is loaded: each runner is a stand-in that sends its calls to the engine."""
     manifest = json.loads((entry / "manifest.json").read_text())
     name, version = name or manifest["name"], version or manifest["version"]
     record = family(manifest["family"])
     if record.task != manifest["task"]:
         raise ValueError(f"{entry}: the manifest's task {manifest['task']!r} is not family "
                          f"{record.name!r}'s task {record.task!r}")
+    if engine is not None:
+        return front_end_model(entry, manifest, record, settings, f"{name}:{version}", engine, metrics)
     device, precision = placement(name, backend, settings)
     backends = load_backends(entry, manifest, backend, settings.intra_op_threads, device, precision,
                              spinning=settings.intra_op_spinning)
@@ -148,6 +153,25 @@ def load_model(
     )
 
 
+def front_end_model(entry: Path, manifest: dict[str, Any], record: Family, settings: Settings, ref: str,
+                    engine: EngineClient, metrics: ServiceMetrics | None) -> LoadedModel:
+    """A front end's model: the pipeline, its graphs run by the engine (as the engine described them)."""
+    described = engine.models.get(ref)
+    if described is None:
+        raise RuntimeError(f"the engine did not load {ref}: {engine.errors.get(ref, 'not in its repository')}")
+    batch = int(described["max_batch_size"])
+    runners: dict[str, Any] = {
+        graph["name"]: (RemoteDecodeLoop if is_decode_graph(graph) else RemoteGraph)(engine, ref, graph["name"], batch)
+        for graph in manifest["graphs"]
+    }
+    pipeline_class = record.part("pipeline")
+    text_options = {"over_limit": settings.over_limit} if pipeline_class.input_kind == "text" else {}
+    pipeline = pipeline_class(manifest, entry, runners, **text_options)
+    name, version = ref.split(":", 1)
+    return LoadedModel(name, version, entry, manifest, described["backend"], list(described["providers"]), runners,
+                       pipeline, record, described["device"], described["precision"], batch, metrics)
+
+
 def is_decode_graph(graph: Mapping[str, Any]) -> bool:
     """A graph stepped token by token whose rows may differ in length (see :mod:`service.runtime.decode_loop`)."""
     return bool(graph.get("axis_masks")) and bool(graph.get("state_outputs")) and any(
@@ -156,9 +180,10 @@ def is_decode_graph(graph: Mapping[str, Any]) -> bool:
 
 
 class ModelRegistry:
-    def __init__(self, settings: Settings, metrics: ServiceMetrics) -> None:
+    def __init__(self, settings: Settings, metrics: ServiceMetrics, engine: EngineClient | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.engine = engine  # a front end's engine: it loads the graphs, this registry the pipelines around them
         self.entries = discover(settings.model_repository)
         self.models: dict[str, LoadedModel] = {}  # "name:version" -> model
         self.errors: dict[str, str] = {}
@@ -173,7 +198,7 @@ class ModelRegistry:
         """Load every entry. A device or precision misconfiguration raises before anything loads (the
         service must not start on the CPU when it was told to use a GPU); other failures are kept in
         ``errors`` (readyz reports them) and the rest of the repository still loads."""
-        for name in self.entries:
+        for name in self.entries if self.engine is None else ():  # the engine checked its own
             placement(name, self._backend(name), self.settings)
         for name, versions in self.entries.items():
             for version, entry in versions.items():
@@ -193,7 +218,7 @@ class ModelRegistry:
         return self.settings.model_backends.get(name, self.settings.backend)
 
     def _load(self, name: str, version: str, entry: Path) -> LoadedModel:
-        return load_model(entry, self._backend(name), self.settings, self.metrics, name, version)
+        return load_model(entry, self._backend(name), self.settings, self.metrics, name, version, self.engine)
 
     def resolve(self, model: str | None, task: str | None) -> LoadedModel:
         """``model`` is ``name`` (latest version) or ``name:version``; without it, the task's default."""
