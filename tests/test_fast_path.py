@@ -71,9 +71,10 @@ RESULTS = [
      "tokens_read": 250, "tokens_total": 260, "truncated": False},
     {"label": None, "probabilities": {}, "segments": 0, "tokens_read": 3, "tokens_total": 3, "truncated": False},
     {"tokens_read": 510, "tokens_total": 600, "truncated": False, "encoded_tokens": 510, "windows": 1},
-    {"summary": "Shares rose.", "summary_tokens": 4, "tokens_read": 600, "tokens_total": 600, "truncated": False},
     {"summary": "Shares rose.", "summary_tokens": 4, "tokens_read": 600, "tokens_total": 600, "truncated": False,
-     "not_in_the_schema": 1},  # not a plain shape: serialized through the model, which drops the field
+     "decoding": "sentence"},
+    {"summary": "Shares rose.", "summary_tokens": 4, "tokens_read": 600, "tokens_total": 600, "truncated": False,
+     "decoding": "sentence", "not_in_the_schema": 1},  # not a plain shape: through the model, which drops it
 ]
 
 
