@@ -63,6 +63,9 @@ def _eval(argv: Sequence[str]) -> int:
         return 0 if argv else 2
     from pathlib import Path
 
+    if not Path(argv[0]).is_dir():
+        print(f"rtserve eval: {argv[0]} is not a checkpoint folder or a model-repository entry", file=sys.stderr)
+        return 1
     if (Path(argv[0]) / "manifest.json").exists():  # an exported entry: scored through the serving path
         from rtserve.evaluate import main as evaluate_entry
 

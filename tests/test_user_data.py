@@ -162,6 +162,12 @@ def test_the_command_prints_the_bad_line_and_exits_without_a_traceback(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
+def test_eval_of_a_path_that_is_not_a_model_says_so(tmp_path, capsys):
+    assert rtserve(["eval", str(tmp_path / "nothing"), "--data", "test.jsonl"]) == 1
+    assert capsys.readouterr().err.strip() == (f"rtserve eval: {tmp_path / 'nothing'} is not a checkpoint folder or a "
+                                               "model-repository entry")
+
+
 def test_train_takes_either_files_or_a_folder(tmp_path, capsys):
     train = topic_corpus(tmp_path / "train.jsonl", 6, seed=0)
     with pytest.raises(SystemExit):
@@ -194,6 +200,8 @@ def test_a_classifier_from_jsonl_is_exported_and_served_with_the_users_labels(tm
     assert rtserve(["eval", str(repository / "topics" / "1"), "--data", str(dev), *fields]) == 0
     scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert scores["documents"] == 9 and 0 <= scores["accuracy"] <= 1
+    assert rtserve(["eval", str(run), "--data", str(dev)]) == 0  # the checkpoint knows the fields it was trained on
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["n"] == 9
 
     text = json.loads(dev.read_text().splitlines()[0])["body"]
     with make_client(repository, redis_url, key_prefix) as client:

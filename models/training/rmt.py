@@ -527,8 +527,8 @@ def eval_main(argv: Sequence[str]) -> int:
                         "folder")
     parser.add_argument("--split", default="test", choices=["train", "dev", "test", "all"], help="Hyperpartisan: "
                         "the split scored")
-    parser.add_argument("--text-field", default="text", help="JSON Lines: the text's field")
-    parser.add_argument("--label-field", default="label", help="JSON Lines: the label's field")
+    parser.add_argument("--text-field", help="JSON Lines: the text's field (default: the one trained on)")
+    parser.add_argument("--label-field", help="JSON Lines: the label's field (default: the one trained on)")
     parser.add_argument("--segments", type=int, default=None, help="override the segments read (default: as trained)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -546,7 +546,10 @@ def eval_main(argv: Sequence[str]) -> int:
         if not (args.data / "splits.json").exists():
             split = "all"
     else:
-        examples = family("rmt").part("reader")(args.data, text_field=args.text_field, label_field=args.label_field)
+        trained = checkpoint.extras.get("recipe", {})  # a test file names its fields as the training file did
+        fields = {"text_field": args.text_field or trained.get("text_field") or "text",
+                  "label_field": args.label_field or trained.get("label_field") or "label"}
+        examples = family("rmt").part("reader")(args.data, **fields)
         articles, split = labelled_articles(args.data, "data", examples, model.config.label_names), str(args.data)
     cutter = SegmentCutter(load_minilm_tokenizer(), model.config.segment_size, model.config.max_segments)
     started = time.time()
