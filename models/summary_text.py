@@ -1,5 +1,8 @@
 """The document's own text behind a summary: its sentences, which tokens the model read of each, the
-sentence-copy choice and the document's letter case. numpy and ``tokenizers`` only: the service, the
+sentence-copy choice and the document's letter case.
+
+A copy unit is a sentence (``models/sentences.py``), or the sentences of a quotation that runs on within a
+line, joined; titles and headers (a line that does not end as a sentence ends) are never copied. numpy and ``tokenizers`` only: the service, the
 training recipe and the tests share it.
 
 Sentence copy (``decoding="sentence"``) writes whole sentences of the document, as the document writes
@@ -30,7 +33,7 @@ import numpy as np
 
 from models.sentences import capitalised, is_uncased, sentence_spans
 
-MIN_SENTENCE_WORDS = 4  # shorter lines (titles of two words, section headers) are never copied alone
+MIN_SENTENCE_WORDS = 4  # shorter units (section headers, fragments) are never copied
 POSITION_FEATURES = 3  # [j = 0], 1 / (1 + j), j / n
 
 
@@ -55,7 +58,8 @@ class DocumentText:
         if truncated and spans and spans[-1][1] >= end and not re.search(r"[.!?][\"'”’)\]]*$", self.text[:end]):
             spans = spans[:-1]  # the reading limit cut this sentence
         self.uncased = is_uncased(self.text)
-        self.spans = spans
+        self.spans = _quote_units(self.text, spans)
+        spans = self.spans
         starts = np.array([start for start, _ in offsets], dtype=np.int64)
         span_starts = np.array([a for a, _ in spans], dtype=np.int64)
         span_ends = np.array([b for _, b in spans], dtype=np.int64)
@@ -63,6 +67,12 @@ class DocumentText:
         inside = (index >= 0) & (starts < span_ends[index.clip(0)] if len(spans) else False)
         self.sentence_of = np.where(inside, index, -1).astype(np.int64)  # (tokens,) -1: between sentences
         self.tokens = np.bincount(self.sentence_of[self.sentence_of >= 0], minlength=len(spans))  # per sentence
+
+    def copyable(self, j: int) -> bool:
+        """A unit a summary may copy: it ends as a sentence ends (a title or header line does not) and has
+        ``MIN_SENTENCE_WORDS`` words."""
+        start, end = self.spans[j]
+        return bool(_ENDS_SENTENCE.search(self.text[start:end])) and self.words(j) >= MIN_SENTENCE_WORDS
 
     def sentence(self, j: int) -> str:
         """Sentence ``j`` as the document writes it (white space runs made one space), first letter capital."""
@@ -72,6 +82,43 @@ class DocumentText:
     def words(self, j: int) -> int:
         start, end = self.spans[j]
         return len(self.text[start:end].split())
+
+
+_ENDS_SENTENCE = re.compile(r"[.!?][\"'”’)\]]*$")
+MAX_QUOTE_SENTENCES = 4  # a quotation longer than this is copied sentence by sentence
+
+
+_QUOTE_MARK = re.compile(r'["“”]')
+
+
+def _open_quote(text: str) -> bool:
+    """Whether ``text`` ends inside a quotation: its last quote mark opens one (“, or a straight quote not
+    after a letter or punctuation). News style reopens a quotation that runs on ("I could tell you yes.
+    "It's a blow ...), so counting marks would not tell."""
+    marks = list(_QUOTE_MARK.finditer(text))
+    if not marks:
+        return False
+    last = marks[-1]
+    if last.group(0) != '"':
+        return last.group(0) == "“"
+    before = text[last.start() - 1] if last.start() else " "
+    return before.isspace() or before in "([—-:"
+
+
+def _quote_units(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sentences joined where a quotation runs on within a line ("I could tell you yes. It's a blow ..."):
+    a copied quote never starts or stops mid-quotation, nor reads as the narrator's words."""
+    units: list[tuple[int, int]] = []
+    joined = 0
+    for start, end in spans:
+        if units and joined < MAX_QUOTE_SENTENCES and "\n" not in text[units[-1][1] : start] \
+                and _open_quote(text[units[-1][0] : units[-1][1]]):
+            units[-1] = (units[-1][0], end)
+            joined += 1
+        else:
+            units.append((start, end))
+            joined = 1
+    return units
 
 
 def sentence_scores(doc: DocumentText, token_logits: np.ndarray, position_weights: Sequence[float]) -> np.ndarray:
@@ -94,7 +141,7 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
     chosen: list[int] = []
     total = 0
     for j in order:
-        if not np.isfinite(scores[j]) or doc.words(int(j)) < MIN_SENTENCE_WORDS:
+        if not np.isfinite(scores[j]) or not doc.copyable(int(j)):
             continue
         size = int(doc.tokens[j])
         if limit_tokens is not None and total + size > limit_tokens:

@@ -110,3 +110,16 @@ def test_searches_end_at_the_first_sentence_end_past_the_target():
         probabilities[:, steps[beam.t % 4]] = 0.94
         beam.advance(np.log(probabilities))
     assert beam.result()[-1] == 7 and len(beam.result()) >= 3
+
+
+def test_a_running_quotation_is_one_copy_unit_and_titles_are_never_copied():
+    text = ('Wright-Phillips to start\n\nEriksson replied: "I could tell you yes. "It\'s a blow that four are away. '
+            '"On the other hand it\'s good." The England coach said so today. He was asked about it.')
+    doc = DocumentText(text, TOKENIZER, 10_000)
+    units = [doc.sentence(j) for j in range(len(doc.spans))]
+    assert units == ["Wright-Phillips to start",
+                     'Eriksson replied: "I could tell you yes. "It\'s a blow that four are away. "On the other hand '
+                     'it\'s good."', "The England coach said so today.", "He was asked about it."]
+    assert [doc.copyable(j) for j in range(len(units))] == [False, True, True, True]
+    title_first = np.array([9.0, 0.0, 0.0, 0.0])
+    assert 0 not in choose_sentences(doc, title_first, 10)  # the title scores highest, and is not a sentence
