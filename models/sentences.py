@@ -7,7 +7,7 @@ Rules, in order (a line break always ends a sentence: titles, headers and paragr
   space and the start of a new sentence: an upper-case letter, a digit or an opening quote in cased text;
   any letter in uncased text (SumPubMed is lower-cased upstream, so case cannot mark a start);
 - not after a known abbreviation (``Mr.``, ``e.g.``, ``et al.``, months, ``U.S.``) or a single capital
-  (an initial: ``J. Smith``);
+  (an initial: ``J. Smith``; in uncased text any single letter: ``e. coli``);
 - BBC articles glue some sentences with no space (``stabilise.China's``): in cased text a full stop between
   a lower-case word of two letters or more and an upper-case letter ends a sentence too (``U.S.`` and
   ``3.5`` do not match).
@@ -45,8 +45,9 @@ def is_uncased(text: str) -> bool:
     return letters > 0 and upper * 200 < letters
 
 
-def _is_abbreviation(line: str, end: int) -> bool:
-    """Whether the full stop ending at ``end`` (exclusive) closes an abbreviation or an initial."""
+def _is_abbreviation(line: str, end: int, uncased: bool = False) -> bool:
+    """Whether the full stop ending at ``end`` (exclusive) closes an abbreviation or an initial (in uncased
+    text any single letter: "e. coli", "s. cerevisiae")."""
     match = _WORD_BEFORE.search(line, 0, end)
     if match is None:
         return False
@@ -55,7 +56,7 @@ def _is_abbreviation(line: str, end: int) -> bool:
         return False  # ! and ? always end a sentence
     if word.lower() in ABBREVIATIONS:
         return True
-    return len(word) == 1 and word.isupper()  # an initial
+    return len(word) == 1 and (word.isupper() or (uncased and word.isalpha()))  # an initial
 
 
 def _line_spans(line: str, offset: int, uncased: bool) -> list[tuple[int, int]]:
@@ -64,7 +65,7 @@ def _line_spans(line: str, offset: int, uncased: bool) -> list[tuple[int, int]]:
         following = match.group(1)
         starts_sentence = following[0].isalpha() if uncased else (
             following[0].isupper() or following[0].isdigit() or following[0] in _OPENERS)
-        if starts_sentence and not _is_abbreviation(line, match.end()):
+        if starts_sentence and not _is_abbreviation(line, match.end(), uncased):
             ends.append(match.end())
     if not uncased:
         ends += [match.end() for match in _GLUED_END.finditer(line)]

@@ -26,10 +26,11 @@ def test_cased_rules() -> None:
 
 
 def test_uncased_text_splits_before_lower_case_starts() -> None:
-    text = "BACKGROUND\nthe gene flow is high  <cit> . farmers grow gm crops, e.g. maize. it was  <dig> % fig. 2."
+    text = ("BACKGROUND\nthe gene flow is high  <cit> . farmers grow gm crops, e.g. maize. it was  <dig> % fig. 2. "
+            "in e. coli and s. cerevisiae it was low.")
     assert is_uncased(text)
     assert sentences(text) == ["BACKGROUND", "the gene flow is high  <cit> .", "farmers grow gm crops, e.g. maize.",
-                               "it was  <dig> % fig. 2."]
+                               "it was  <dig> % fig. 2.", "in e. coli and s. cerevisiae it was low."]
 
 
 def test_spans_index_the_text() -> None:

@@ -97,13 +97,17 @@ async def test_fifty_bbc_summaries_read_as_text(news_model, decoding):
     assert len(answers) == 60
     for answer, pair in zip(answers, pairs + pairs[:10], strict=True):
         summary = answer["summary"]
-        assert summary and not ARTIFACTS.search(summary), ARTIFACTS.search(summary)
+        assert summary
         assert summary[0].isupper() or not summary[0].isalpha()  # the document's case, not the vocabulary's
         document = set(_words(pair.document))
         assert [word for word in _words(summary) if word not in document] == []  # no glued or cut words
-        if answer["decoding"] == "sentence":  # whole sentences of the article, as it writes them
+        if answer["decoding"] == "sentence":  # whole sentences of the article, as it writes them (its spacing too)
             flat = " ".join(pair.document.split())
-            assert all(sentence in flat for sentence in re.split(r"(?<=[.!?])\s(?=[A-Z\"])", summary)), summary
+            # cut after every sentence-final mark (abbreviations too): a join of two copied units is a cut
+            pieces = re.split(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s", summary)
+            assert all(piece in flat for piece in pieces), [piece for piece in pieces if piece not in flat]
+        else:  # generated: none of the tokenizer's spacing artifacts
+            assert not ARTIFACTS.search(summary), ARTIFACTS.search(summary)
     assert all(answer["summary_tokens"] <= 17 for answer in answers[50:])
     assert {answer["decoding"] for answer in answers[:50]} == {decoding}
 
