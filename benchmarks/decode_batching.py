@@ -13,6 +13,8 @@ megabytes per step a GPU backend would copy to the device: every input at every 
 fixed inputs kept on the device between re-forms (counted here from the arrays, on any machine). With
 ``--baseline``, the two repositories alternate in one process, ``--repeats`` times each, medians.
 This is the ceiling of the HTTP bench's ``decode`` ratio on the same machine: no HTTP, no client.
+For a model with a salience head, the same documents are also finished with sentence copy (no decoder
+step), one at a time, beside free decoding: milliseconds per summary, both measured in the same run.
 """
 
 from __future__ import annotations
@@ -84,9 +86,10 @@ async def read(model: LoadedModel, texts: list[str]) -> list[tuple[dict, list]]:
     return documents
 
 
-async def decode(model: LoadedModel, documents: list[tuple[dict, list]], concurrent: bool) -> tuple[float, int]:
+async def decode(model: LoadedModel, documents: list[tuple[dict, list]], concurrent: bool,
+                 decoding: str = "free") -> tuple[float, int]:
     async def one(document: tuple[dict, list]) -> int:
-        finished = await model.pipeline.finish(document[0], document[1], None, options={"decoding": "free"})
+        finished = await model.pipeline.finish(document[0], document[1], None, options={"decoding": decoding})
         return int(finished.result["summary_tokens"])
 
     started = time.perf_counter()
@@ -127,11 +130,22 @@ async def measure(repositories: dict[str, Path], model_name: str, data: Path, co
                     "mb_per_step_every_input": timer.all_bytes / 1e6 / max(timer.calls, 1),
                     "mb_per_step_kept": (timer.unkept_bytes + timer.kept.bytes_copied) / 1e6 / max(timer.calls, 1),
                 })
+    copies: dict[str, list[dict[str, float]]] = {}
+    for label, model in models.items():  # sentence copy: the same finish, no decoder step (salience head)
+        if model.manifest["settings"].get("salience_position") is None:
+            continue
+        for _ in range(repeats):
+            free_seconds, _ = await decode(model, documents[label], concurrent=False)
+            copy_seconds, copied = await decode(model, documents[label], concurrent=False, decoding="sentence")
+            copies.setdefault(f"{label} sentence copy", []).append({
+                "tokens_per_second": copied / copy_seconds,
+                "ms_per_summary": 1000 * copy_seconds / len(documents[label]),
+                "free_ms_per_summary": 1000 * free_seconds / len(documents[label])})
     for model in models.values():
         for runner in model.batchers.values():
             await runner.close()
     return {name: {key: statistics.median(run[key] for run in values) for key in values[0]}
-            for name, values in runs.items()}
+            for name, values in (runs | copies).items()}
 
 
 def main() -> None:
@@ -150,9 +164,16 @@ def main() -> None:
           "| MB to a GPU per step: every input / fixed inputs kept |")
     print("|---|---|---|---|---|---|")
     for name, row in results.items():
+        if "ms_per_summary" in row:
+            continue
         print(f"| {name} | {row['tokens_per_second']:.0f} | {row['mean_batch']:.1f} | {row['graph_ms_per_row']:.3f} "
               f"| {row['graph_share']:.2f} | {row['mb_per_step_every_input']:.2f} / {row['mb_per_step_kept']:.2f} |")
     print()
+    for name, row in results.items():
+        if "ms_per_summary" in row:
+            print(f"{name}, one at a time: {row['ms_per_summary']:.1f} ms per summary against "
+                  f"{row['free_ms_per_summary']:.1f} ms decoding freely "
+                  f"(copy / free = {row['ms_per_summary'] / row['free_ms_per_summary']:.2f})")
     for label in repositories:
         ratio = results[f"{label} concurrent"]["tokens_per_second"] / results[f"{label} one at a time"][
             "tokens_per_second"]
