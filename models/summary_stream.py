@@ -16,8 +16,9 @@ encoded tokens and, per decoder layer l, the running ``kv{l}`` (h, dh, dh) and `
 (Eq. 15: K'V summed over segments; Eq. 13: the norm's sum of squared keys). Each piece's text, and each
 encoder window's keys ``k{l}`` and values ``v{l}`` (h, w, dh), its ids and (models with a salience head)
 its tokens' salience logits are append-only *chunks*, laid out as the manifest's ``chunk_spec`` says:
-sentence copy and letter case read the document's own text at finish. The exporter writes :func:`state_and_chunk_specs` into the manifest;
-the service reads them back from there, so the per-layer names live here only.
+sentence copy and letter case read the document's own text at finish. The exporter writes
+:func:`state_and_chunk_specs` into the manifest; the service reads them back from there, so the per-layer
+names live here only.
 """
 
 from __future__ import annotations

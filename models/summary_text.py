@@ -1,9 +1,9 @@
 """The document's own text behind a summary: its sentences, which tokens the model read of each, the
-sentence-copy choice and the document's letter case.
+sentence-copy choice and the document's letter case. numpy and ``tokenizers`` only: the service, the
+training recipe and the tests share it.
 
 A copy unit is a sentence (``models/sentences.py``), or the sentences of a quotation that runs on within a
-line, joined; titles and headers (a line that does not end as a sentence ends) are never copied. numpy and ``tokenizers`` only: the service, the
-training recipe and the tests share it.
+line, joined; titles and headers (a line that does not end as a sentence ends) are never copied.
 
 Sentence copy (``decoding="sentence"``) writes whole sentences of the document, as the document writes
 them. The model's salience head (``models/srformer.py``, ``SRformerConfig.salience``) gives every source
@@ -31,10 +31,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from models.sentences import capitalised, is_uncased, sentence_spans
+from models.sentences import capitalised, sentence_spans
 
 MIN_SENTENCE_WORDS = 4  # shorter units (section headers, fragments) are never copied
-POSITION_FEATURES = 3  # [j = 0], 1 / (1 + j), j / n
 
 
 def position_features(n: int) -> np.ndarray:
@@ -55,9 +54,8 @@ class DocumentText:
         end = offsets[-1][1] if offsets else 0
         self.text = text if not truncated else text[:end]
         spans = sentence_spans(self.text)
-        if truncated and spans and spans[-1][1] >= end and not re.search(r"[.!?][\"'”’)\]]*$", self.text[:end]):
+        if truncated and spans and spans[-1][1] >= end and not _ENDS_SENTENCE.search(self.text[:end]):
             spans = spans[:-1]  # the reading limit cut this sentence
-        self.uncased = is_uncased(self.text)
         self.spans = _quote_units(self.text, spans)
         spans = self.spans
         starts = np.array([start for start, _ in offsets], dtype=np.int64)

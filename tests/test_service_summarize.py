@@ -194,12 +194,10 @@ async def test_a_model_over_all_of_wordpiece_folds_no_output_layer_and_serves_th
     from models.minilm import load_minilm_encoder, load_minilm_tokenizer
     from models.serving.srformer import EagerSummarizer
     from models.srformer import load_srformer
-    from service.runtime.pipeline import run_whole
+    from service.runtime.pipeline import InputError, run_whole
     from service.runtime.registry import load_model
     from service.settings import Settings
     from tests.tiny_checkpoints import tiny_srformer
-
-    from service.runtime.pipeline import InputError
 
     checkpoint = tiny_srformer(tmp_path / "weights" / "srformer-wordpiece", output_vocab="full", salience=False)
     entry = export_checkpoint(checkpoint, tmp_path / "repository", formats=("onnx",))
