@@ -8,9 +8,10 @@ Rules, in order (a line break always ends a sentence: titles, headers and paragr
   any letter in uncased text (SumPubMed is lower-cased upstream, so case cannot mark a start);
 - not after a known abbreviation (``Mr.``, ``e.g.``, ``et al.``, months, ``U.S.``) or a single capital
   (an initial: ``J. Smith``; in uncased text any single letter: ``e. coli``);
-- BBC articles glue some sentences with no space (``stabilise.China's``): in cased text a full stop between
-  a lower-case word of two letters or more and an upper-case letter ends a sentence too (``U.S.`` and
-  ``3.5`` do not match).
+- BBC articles glue some sentences with no space (``stabilise.China's``, ``$360m.Under``, ``1997.They``,
+  ``sales.GM``, ``Idec."Most``): in cased text a full stop after two lower-case letters or digits (or
+  a figure's unit or %) and before a capital, or an opening quote and a capital, ends a sentence too
+  (``U.S.``, ``3.5`` and ``bbc.co.uk`` do not match).
 
 A text is *uncased* when its sentences start in lower case (:func:`is_uncased`).
 """
@@ -28,7 +29,7 @@ _CLOSERS = "\"'”’)]"
 _OPENERS = "\"'“‘(["
 # a candidate end: terminal punctuation, closers, then white space (same line) and the next character
 _SPACED_END = re.compile(r"[.!?]+[" + re.escape(_CLOSERS) + r"]*(?=[ \t]+(\S))")
-_GLUED_END = re.compile(r"(?<=[a-z]{2})\.(?=[A-Z][a-z])")
+_GLUED_END = re.compile(r"(?:(?<=[a-z]{2})|(?<=[0-9][0-9a-z%])|(?<=[a-z][0-9a-z%]))\.(?=[\"“]?[A-Z])")
 _WORD_BEFORE = re.compile(r"([\w.]+)[.!?]*[" + re.escape(_CLOSERS) + r"]*$")
 
 

@@ -42,3 +42,11 @@ def test_capitalised() -> None:
     assert capitalised("the u.s. grew") == "The u.s. grew"
     assert capitalised("\"quoted\" start") == "\"Quoted\" start"
     assert capitalised("3 cases") == "3 cases"
+
+
+def test_glued_sentences_of_bbc_references_are_split():
+    text = ('Profit was $360m.Under the deal it grew in 1997.They said sales.GM agreed, said Idec."Most of it was '
+            'fine," he said. The U.S. rate was 3.5% at bbc.co.uk today.')
+    assert sentences(text) == ["Profit was $360m.", "Under the deal it grew in 1997.", "They said sales.",
+                               "GM agreed, said Idec.", '"Most of it was fine," he said.',
+                               "The U.S. rate was 3.5% at bbc.co.uk today."]
