@@ -67,6 +67,20 @@ def test_stream_in_random_pieces_equals_whole_and_writes_only_new_state(client, 
     assert final["summary"] == whole
 
 
+def test_a_session_stops_keeping_text_a_few_tokens_past_what_the_model_reads(client):
+    session = client.post("/sessions", json={"task": "summarize"}).json()
+    url = f"/sessions/{session['id']}"
+    sizes = []
+    for seq in range(1, 9):  # the tiny model reads 200 tokens; TEXT is about 90
+        answer = client.post(f"{url}/segments", json={"seq": seq, "text": TEXT + " "}).json()
+        sizes.append(answer["session"]["state_bytes"])
+    assert answer["result"]["truncated"] is True
+    assert sizes[-1] == sizes[-2] == sizes[-3]  # past the limit (and 64 tokens more), a piece stores nothing
+    final = client.post(f"{url}/finish").json()
+    whole = client.post("/summarize", json={"text": (TEXT + " ") * 8}).json()
+    assert final["summary"] == whole["summary"] and final["summary"]
+
+
 def _events(client, url, body):
     with client.stream("POST", url, json=body, headers={"accept": "text/event-stream"}) as response:
         assert response.status_code == 200
