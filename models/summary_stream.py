@@ -141,7 +141,8 @@ class SummaryStream:
 
     def document(self, chunks: list[Arrays]) -> tuple[str, np.ndarray | None]:
         """The document's text as sent, and the salience logit of every token read (None without a head)."""
-        whole = self.join(chunks) or {}
+        whole = self.join([{name: chunk[name] for name in ("text", "salience") if name in chunk} for chunk in chunks])
+        whole = whole or {}
         text = bytes(whole["text"][0]).decode("utf-8") if "text" in whole else ""
         salience = whole["salience"][0] if "salience" in whole else None
         return text, salience
