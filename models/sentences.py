@@ -29,6 +29,7 @@ _CLOSERS = "\"'”’)]"
 _OPENERS = "\"'“‘(["
 # a candidate end: terminal punctuation, closers, then white space (same line) and the next character
 _SPACED_END = re.compile(r"[.!?]+[" + re.escape(_CLOSERS) + r"]*(?=[ \t]+(\S))")
+ENDS_SENTENCE = re.compile(r"[.!?][" + re.escape(_CLOSERS) + r"]*$")  # text that ends as a sentence ends
 _GLUED_END = re.compile(r"(?:(?<=[a-z]{2})|(?<=[0-9][0-9a-z%])|(?<=[a-z][0-9a-z%]))\.(?=[\"“]?[A-Z])")
 _WORD_BEFORE = re.compile(r"([\w.]+)[.!?]*[" + re.escape(_CLOSERS) + r"]*$")
 

@@ -35,6 +35,7 @@ from models.text_stream import Segment, SegmentCutter
 Arrays = dict[str, np.ndarray]
 
 
+TEXT_PAST_LIMIT = 64  # tokens of text kept past the reading limit
 CHUNK_DTYPE = "float16"  # stored keys and values: half the bytes per token (parity: docs/summarization.md)
 
 
@@ -133,6 +134,12 @@ class SummaryStream:
         names = dict.fromkeys(name for part in parts for name in part)
         return {name: np.concatenate([part[name] for part in parts if name in part], axis=self.growing_axis[name])
                 for name in names}
+
+    def keeps_text(self, state: Mapping[str, np.ndarray]) -> bool:
+        """Whether the next piece's text is kept: until the document has a few tokens past what the model reads
+        (the kept text then covers every token read, and the word the limit may cut), so a session's chunks
+        never grow with text the model does not read."""
+        return self.max_source is None or self.cutter.tokens_total(state) < self.max_source + TEXT_PAST_LIMIT
 
     @staticmethod
     def text_part(piece: str) -> Arrays:

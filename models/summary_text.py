@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from models.sentences import capitalised, sentence_spans
+from models.sentences import ENDS_SENTENCE, capitalised, sentence_spans
 
 MIN_SENTENCE_WORDS = 4  # shorter units (section headers, fragments) are never copied
 
@@ -54,7 +54,7 @@ class DocumentText:
         end = offsets[-1][1] if offsets else 0
         self.text = text if not truncated else text[:end]
         spans = sentence_spans(self.text)
-        if truncated and spans and spans[-1][1] >= end and not _ENDS_SENTENCE.search(self.text[:end]):
+        if truncated and spans and spans[-1][1] >= end and not ENDS_SENTENCE.search(self.text[:end]):
             spans = spans[:-1]  # the reading limit cut this sentence
         self.spans = _quote_units(self.text, spans)
         spans = self.spans
@@ -70,7 +70,7 @@ class DocumentText:
         """A unit a summary may copy: it ends as a sentence ends (a title or header line does not) and has
         ``MIN_SENTENCE_WORDS`` words."""
         start, end = self.spans[j]
-        return bool(_ENDS_SENTENCE.search(self.text[start:end])) and self.words(j) >= MIN_SENTENCE_WORDS
+        return bool(ENDS_SENTENCE.search(self.text[start:end])) and self.words(j) >= MIN_SENTENCE_WORDS
 
     def sentence(self, j: int) -> str:
         """Sentence ``j`` as the document writes it (white space runs made one space), first letter capital."""
@@ -82,7 +82,6 @@ class DocumentText:
         return len(self.text[start:end].split())
 
 
-_ENDS_SENTENCE = re.compile(r"[.!?][\"'”’)\]]*$")
 MAX_QUOTE_SENTENCES = 4  # a quotation longer than this is copied sentence by sentence
 
 

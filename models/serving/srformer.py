@@ -317,9 +317,7 @@ class EagerSummarizer:
         it closed; None for an empty piece), as the service's pipeline does."""
         cut, windows = self.stream.feed(state, text)
         new, chunk = self._encode(cut, windows)
-        limit = self.stream.limit
-        keeps_text = limit is None or self.stream.cutter.tokens_total(state) < limit + 64  # as the service does
-        parts = [self.stream.text_part(text)] if text and keeps_text else []
+        parts = [self.stream.text_part(text)] if text and self.stream.keeps_text(state) else []
         return new, self.stream.join([*parts, *([chunk] if chunk is not None else [])])
 
     def close(self, state: dict[str, np.ndarray], chunks: list[Arrays]

@@ -38,7 +38,6 @@ from service.runtime.pipeline import (
 )
 
 DECODINGS = ("sentence", "free")
-TEXT_PAST_LIMIT = 64  # tokens of text kept past the reading limit
 
 
 class SummarizePipeline(TextPipeline):
@@ -66,19 +65,12 @@ class SummarizePipeline(TextPipeline):
         cut_state, windows = await cut_text(self.stream.feed, state, piece)
         self._check(cut_state)
         new_state, chunk = await self._encode(cut_state, windows)
-        if piece and self._reads_text(state):  # the text too: summaries are written in the document's own words
+        if piece and self.stream.keeps_text(state):  # the text too: summaries are written in the document's own words
             chunk = self.stream.join([self.stream.text_part(piece), *([chunk] if chunk is not None else [])])
         read = self.stream.tokens_read(new_state)
         result = {**self.stream.reading(new_state), "encoded_tokens": int(new_state["source_tokens"][0]),
                   "windows": int(new_state["segments_done"][0])}
         return Consumed(new_state, result, units_read=read - before, chunk=chunk, segments=len(windows))
-
-    def _reads_text(self, state: Mapping[str, np.ndarray]) -> bool:
-        """Whether a piece's text is kept: until the document has a few tokens past what the model reads (the
-        stored text then covers every token read, and the word the limit may cut), so a session's chunks
-        never grow with text the model does not read."""
-        limit = self.stream.limit
-        return limit is None or self.stream.cutter.tokens_total(state) < limit + TEXT_PAST_LIMIT
 
     async def _encode(self, state: Arrays, windows: list) -> tuple[Arrays, Arrays | None]:
         parts: list[Arrays] = []
