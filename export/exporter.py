@@ -156,11 +156,15 @@ def export_servable(
             }
         )
     assets = {}
-    if servable.assets:
+    if servable.assets or servable.tensor_assets:
         (entry / "assets").mkdir()
-        for key, source in servable.assets.items():
-            shutil.copy2(source, entry / "assets" / Path(source).name)
-            assets[key] = f"assets/{Path(source).name}"
+    for key, source in servable.assets.items():
+        shutil.copy2(source, entry / "assets" / Path(source).name)
+        assets[key] = f"assets/{Path(source).name}"
+    for key, tensors in servable.tensor_assets.items():
+        file = entry / "assets" / f"{key}.safetensors"
+        save_file({name: t.detach().contiguous() for name, t in tensors.items()}, str(file))
+        assets[key] = f"assets/{key}.safetensors"
     initial = {name: tensor.detach().contiguous() for name, tensor in servable.init_state().items()}
     if fp16:
         initial = {name: t.half() if t.dtype == torch.float32 else t for name, t in initial.items()}

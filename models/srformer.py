@@ -63,6 +63,7 @@ from torch import nn
 
 from models.decoding import BeamSearch, GreedySearch, Search
 from models.segment import State
+from models.summary_text import Lexicon
 
 if TYPE_CHECKING:
     from models.checkpoint import Checkpoint
@@ -115,6 +116,7 @@ class SRformerConfig:
     encoder_window: int = 510  # WordPiece tokens per encoder window (+ [CLS], [SEP] = 512)
     max_source: int = 1024  # tokens of a document read (training/eval truncation; 0 = all)
     salience: bool = False  # a sentence scorer on the encoder's outputs, for sentence copy (below)
+    salience_lexical: bool = False  # ... plus a weight per WordPiece id and centrality and length terms
     bos_id: int = 101  # [CLS] starts the summary
     eos_id: int = 102  # [SEP] ends it
     pad_id: int = 0
@@ -122,6 +124,8 @@ class SRformerConfig:
     def __post_init__(self) -> None:
         if self.cross_attention not in MODES:
             raise ValueError(f"cross_attention must be one of {MODES}, not {self.cross_attention!r}")
+        if self.salience_lexical and not self.salience:
+            raise ValueError("salience_lexical extends the salience head: set salience too")
         if self.d_model % self.n_head:
             raise ValueError("d_model must be a multiple of n_head")
         if self.norm_position not in ("pre", "post"):
@@ -696,11 +700,26 @@ class SRformer(nn.Module):
         # encoder's output, and the weights p of a sentence's position; sentence copy takes the sentences
         # whose mean a_t plus position term scores highest. Fitted apart from the decoder
         # (models/training/srformer_salience.py), as the encoder is frozen.
+        # With a lexicon (salience_lexical): a weight v per WordPiece id, the weights q of a sentence's
+        # centrality and length, and the idf those are counted with.
         if config.salience:
             self.salience = nn.Linear(config.embed_dim, 1)
             self.salience_position = nn.Parameter(torch.zeros(3))
         else:
             self.salience, self.salience_position = None, None
+        if config.salience and config.salience_lexical:
+            self.salience_token = nn.Parameter(torch.zeros(config.vocab_size))
+            self.salience_lexical = nn.Parameter(torch.zeros(2))
+            self.register_buffer("salience_idf", torch.ones(config.vocab_size))
+        else:
+            self.salience_token, self.salience_lexical, self.salience_idf = None, None, None
+
+    def lexicon(self) -> Lexicon | None:
+        """The salience head's lexical part, as sentence copy reads it (None without one)."""
+        if self.salience_lexical is None:
+            return None
+        q = self.salience_lexical.detach().double().tolist()
+        return Lexicon(self.salience_token.detach().double().numpy(), self.salience_idf.double().numpy(), (q[0], q[1]))
 
     # -- encoder side ----------------------------------------------------------------------
     def memory(self, enc: torch.Tensor, mask: torch.Tensor, source_ids: torch.Tensor,

@@ -13,9 +13,16 @@ scores
     z_j = mean_{t in S_j} a_t + p_0 [j = 0] + p_1 / (1 + j) + p_2 j / n          (sentence score)
 
 (the mean of a linear map is the map of the mean: a logistic regression on the sentence's mean encoder
-output and its position). The highest-scoring sentences are taken until the summary is as long as the
-model's summary length (``summary_ratio`` of the tokens read, or ``summary_length``): a sentence is taken
-when it brings the length nearer that target, and they are written in the document's order.
+output and its position). A head with a lexicon (``SRformerConfig.salience_lexical``) adds what the words
+say: a weight v_x per WordPiece id x (so a_t gains v_{x_t}), and two terms of the sentence,
+
+    + q_0 cos(f_j, f_D - f_j) + q_1 log(1 + |S_j|)                              (lexical terms)
+
+where f_j is sentence j's WordPiece counts times their inverse document frequency (idf, counted on the
+training documents) and f_D the whole text's: how central the sentence is to the rest of the document, and
+its length. The highest-scoring sentences are taken until the summary is as long as the model's summary
+length (``summary_ratio`` of the tokens read, or ``summary_length``): a sentence is taken when it brings the
+length nearer that target, and they are written in the document's order.
 
 Free generation (``decoding="free"``) writes WordPiece tokens of an uncased vocabulary: :class:`DocumentCase`
 gives each generated word the letter case (and accents) the document writes it with, and capitalises
@@ -28,6 +35,7 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,10 +75,11 @@ class DocumentText:
         self.tokens = np.bincount(self.sentence_of[self.sentence_of >= 0], minlength=len(spans))  # per sentence
 
     def copyable(self, j: int) -> bool:
-        """A unit a summary may copy: it ends as a sentence ends (a title or header line does not) and has
-        ``MIN_SENTENCE_WORDS`` words."""
+        """A unit a summary may copy: it ends as a sentence ends (a title or header line does not), has
+        ``MIN_SENTENCE_WORDS`` words and is not a list of names (:func:`is_name_list`)."""
         start, end = self.spans[j]
-        return bool(ENDS_SENTENCE.search(self.text[start:end])) and self.words(j) >= MIN_SENTENCE_WORDS
+        unit = self.text[start:end]
+        return bool(ENDS_SENTENCE.search(unit)) and self.words(j) >= MIN_SENTENCE_WORDS and not is_name_list(unit)
 
     def sentence(self, j: int) -> str:
         """Sentence ``j`` as the document writes it (white space runs made one space), first letter capital."""
@@ -80,6 +89,21 @@ class DocumentText:
     def words(self, j: int) -> int:
         start, end = self.spans[j]
         return len(self.text[start:end].split())
+
+
+_LIST_SEPARATOR = re.compile(r"[,;]")
+
+
+def is_name_list(unit: str) -> bool:
+    """A list of names that ends with a full stop, as a team line-up or a list of replacements does
+    ("Phillips, Amankwaah, Coles, Hill, Fortune, Murray (Anyinsah 59), ..."): four or more commas or
+    semicolons, and under 15% of its words starting with a lower-case letter (a sentence's function words do).
+    A reader takes it for noise in a summary."""
+    if len(_LIST_SEPARATOR.findall(unit)) < 4:
+        return False
+    words = [word.strip("\"'“”‘’()[]:;,.") for word in unit.split()]
+    words = [word for word in words if word[:1].isalpha()]
+    return len(words) >= MIN_SENTENCE_WORDS and sum(word[0].islower() for word in words) < 0.15 * len(words)
 
 
 MAX_QUOTE_SENTENCES = 4  # a quotation longer than this is copied sentence by sentence
@@ -118,16 +142,60 @@ def _quote_units(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int
     return units
 
 
-def sentence_scores(doc: DocumentText, token_logits: np.ndarray, position_weights: Sequence[float]) -> np.ndarray:
+@dataclass(frozen=True)
+class Lexicon:
+    """The lexical part of a salience head: per WordPiece id, its weight v and its idf; ``weights`` (q) for
+    the centrality and length terms (module docstring)."""
+
+    token_weight: np.ndarray  # (vocab,) v_x
+    idf: np.ndarray  # (vocab,)
+    weights: tuple[float, float]  # q_0 (centrality), q_1 (length)
+
+    def features(self, doc: DocumentText) -> np.ndarray:
+        """(n, 2): per sentence, cos(f_j, f_D - f_j) and log(1 + |S_j|)."""
+        return lexical_features(doc, self.idf)
+
+
+def lexical_features(doc: DocumentText, idf: np.ndarray) -> np.ndarray:
+    """(n, 2): the centrality and length terms of every sentence (0 and log 1 for one without tokens)."""
+    n = len(doc.spans)
+    kept = doc.sentence_of >= 0
+    ids, sentence = doc.ids[kept], doc.sentence_of[kept]
+    present, counts = np.unique(doc.ids, return_counts=True)
+    f_d = np.zeros(len(idf))
+    f_d[present] = counts * idf[present]
+    d_squared = float(f_d @ f_d)
+    out = np.zeros((n, 2))
+    for j in range(n):
+        own, own_counts = np.unique(ids[sentence == j], return_counts=True)
+        if not len(own):
+            continue
+        f_j = own_counts * idf[own]
+        overlap, j_squared = float(f_j @ f_d[own]), float(f_j @ f_j)
+        # f_j . (f_D - f_j) / (|f_j| |f_D - f_j|), with |f_D - f_j|^2 = |f_D|^2 - 2 f_j . f_D + |f_j|^2
+        rest_squared = max(d_squared - 2 * overlap + j_squared, 0.0)
+        norm = np.sqrt(j_squared * rest_squared)
+        out[j, 0] = (overlap - j_squared) / norm if norm > 0 else 0.0
+        out[j, 1] = np.log1p(own_counts.sum())
+    return out
+
+
+def sentence_scores(doc: DocumentText, token_logits: np.ndarray, position_weights: Sequence[float],
+                    lexicon: Lexicon | None = None) -> np.ndarray:
     """z_j for every sentence (module docstring); -inf for a sentence without a read token."""
     n = len(doc.spans)
     logits = np.asarray(token_logits, dtype=np.float64)[: len(doc.sentence_of)]
+    if lexicon is not None:
+        logits = logits + lexicon.token_weight[doc.ids[: len(logits)]]
     kept = doc.sentence_of >= 0
     sums = np.bincount(doc.sentence_of[kept], weights=logits[kept], minlength=n)
     counts = doc.tokens.astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
-    return mean + position_features(n).astype(np.float64) @ np.asarray(position_weights, dtype=np.float64)
+    z = mean + position_features(n).astype(np.float64) @ np.asarray(position_weights, dtype=np.float64)
+    if lexicon is not None:
+        z = z + lexicon.features(doc) @ np.asarray(lexicon.weights, dtype=np.float64)
+    return z
 
 
 def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
@@ -157,11 +225,11 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
 
 def copy_sentences(text: str, tokenizer: object, token_logits: np.ndarray, tokens_read: int,
                    position_weights: Sequence[float], target_tokens: int,
-                   max_length: int | None = None) -> list[tuple[str, int]]:
+                   max_length: int | None = None, lexicon: Lexicon | None = None) -> list[tuple[str, int]]:
     """Sentence copy of a document: the chosen sentences as the document writes them, with their token
     counts, in the document's order (``max_length`` caps the tokens; it also caps the target)."""
     doc = DocumentText(text, tokenizer, tokens_read)
-    scores = sentence_scores(doc, np.asarray(token_logits)[:tokens_read], position_weights)
+    scores = sentence_scores(doc, np.asarray(token_logits)[:tokens_read], position_weights, lexicon)
     target = min(target_tokens, max_length) if max_length else target_tokens
     chosen = choose_sentences(doc, scores, target, max_length or None)
     return [(doc.sentence(j), int(doc.tokens[j])) for j in chosen]

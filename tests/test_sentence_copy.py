@@ -1,13 +1,23 @@
 """Sentence copy and the document's letter case (models/summary_text.py), without a model."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.decoding import BeamSearch, GreedySearch
 from models.detokenize import Detokenizer
 from models.minilm import load_minilm_tokenizer
-from models.summary_text import DocumentCase, DocumentText, choose_sentences, copy_sentences, sentence_scores
+from models.summary_text import (
+    DocumentCase,
+    DocumentText,
+    Lexicon,
+    choose_sentences,
+    copy_sentences,
+    is_name_list,
+    lexical_features,
+    sentence_scores,
+)
 
 TOKENIZER = load_minilm_tokenizer()
 
@@ -27,14 +37,21 @@ def documents(draw):
     return "".join(s + g for s, g in zip(sentences, glue, strict=True))
 
 
+def random_lexicon(rng: np.random.Generator) -> Lexicon:
+    vocab = TOKENIZER.get_vocab_size()
+    return Lexicon(rng.normal(size=vocab), rng.uniform(1, 5, size=vocab), tuple(rng.normal(size=2).tolist()))
+
+
 @settings(max_examples=40, deadline=None)
-@given(text=documents(), seed=st.integers(0, 2**31), target=st.integers(1, 300), fraction=st.floats(0.1, 1.0))
-def test_every_copied_sentence_is_a_substring_of_the_source(text, seed, target, fraction):
+@given(text=documents(), seed=st.integers(0, 2**31), target=st.integers(1, 300), fraction=st.floats(0.1, 1.0),
+       with_lexicon=st.booleans())
+def test_every_copied_sentence_is_a_substring_of_the_source(text, seed, target, fraction, with_lexicon):
     rng = np.random.default_rng(seed)
     total = len(TOKENIZER.encode(text, add_special_tokens=False).ids)
     read = max(1, int(total * fraction))
     logits = rng.normal(size=total).astype(np.float32)
-    copied = copy_sentences(text, TOKENIZER, logits, read, rng.normal(size=3).tolist(), target)
+    lexicon = random_lexicon(rng) if with_lexicon else None
+    copied = copy_sentences(text, TOKENIZER, logits, read, rng.normal(size=3).tolist(), target, lexicon=lexicon)
     normalised = " ".join(text.split())
     at = -1
     for sentence, tokens in copied:
@@ -123,3 +140,48 @@ def test_a_running_quotation_is_one_copy_unit_and_titles_are_never_copied():
     assert [doc.copyable(j) for j in range(len(units))] == [False, True, True, True]
     title_first = np.array([9.0, 0.0, 0.0, 0.0])
     assert 0 not in choose_sentences(doc, title_first, 10)  # the title scores highest, and is not a sentence
+
+
+LEXICAL_DOCUMENT = ("Oil prices rose sharply on Monday. Oil traders said prices rose on supply fears. "
+                    "The weather was mild in Paris. Traders expect oil prices to stay high.")
+
+
+def test_centrality_is_the_idf_weighted_cosine_with_the_rest_of_the_document():
+    doc = DocumentText(LEXICAL_DOCUMENT, TOKENIZER, 10_000)
+    idf = np.random.default_rng(0).uniform(1, 4, size=TOKENIZER.get_vocab_size())
+    features = lexical_features(doc, idf)
+    document = np.bincount(doc.ids, minlength=len(idf)).astype(float)
+    for j in range(len(doc.spans)):
+        own = np.bincount(doc.ids[doc.sentence_of == j], minlength=len(idf)).astype(float)
+        f_j, rest = own * idf, (document - own) * idf
+        assert features[j, 0] == pytest.approx(f_j @ rest / np.linalg.norm(f_j) / np.linalg.norm(rest))
+        assert features[j, 1] == pytest.approx(np.log1p(doc.tokens[j]))
+    assert np.argmin(features[:, 0]) == 2  # the weather shares no content word with the oil story
+
+
+def test_a_lexicon_adds_its_token_weights_and_sentence_terms_to_the_score():
+    doc = DocumentText(LEXICAL_DOCUMENT, TOKENIZER, 10_000)
+    vocab = TOKENIZER.get_vocab_size()
+    logits = np.zeros(len(doc.sentence_of))
+    plain = sentence_scores(doc, logits, [0.0, 0.0, 0.0])
+    weather = TOKENIZER.token_to_id("weather")
+    token_weight = np.zeros(vocab)
+    token_weight[weather] = 6.0
+    lexicon = Lexicon(token_weight, np.ones(vocab), (0.0, 0.0))
+    scored = sentence_scores(doc, logits, [0.0, 0.0, 0.0], lexicon)
+    assert scored[2] - plain[2] == pytest.approx(6.0 / doc.tokens[2])  # the mean of a_t + v_x over the sentence
+    assert np.allclose(np.delete(scored, 2), np.delete(plain, 2))
+    central = Lexicon(np.zeros(vocab), np.ones(vocab), (5.0, 0.0))
+    assert np.argmin(sentence_scores(doc, logits, [0.0, 0.0, 0.0], central)) == 2  # the least central
+
+
+def test_a_list_of_names_is_not_a_copy_unit_but_a_sentence_that_lists_is():
+    line_up = "Phillips, Amankwaah, Coles, Hill, Fortune, Murray (Anyinsah 59), Doherty (Harley 45), Dinning, Bell."
+    replacements = ("Replacements: A Titterrell (Sale Sharks), P Vickery (Gloucester), S Borthwick (Bath), "
+                    "J Forrester (Gloucester), H Ellis (Leicester).")
+    listing = ("They were the British Potato Council, the Milk Development Council, the Energy Savings Trust, "
+               "Agricultural Wages Committees and the Wine Standards Board.")
+    assert is_name_list(line_up) and is_name_list(replacements)
+    assert not is_name_list(listing) and not is_name_list("Smith, Jones and Brown scored, as did Green, White.")
+    doc = DocumentText(f"Wales beat Italy on Sunday. {line_up} The coach was pleased with the win.", TOKENIZER, 10_000)
+    assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, True]

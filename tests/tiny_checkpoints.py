@@ -58,22 +58,28 @@ def tiny_rmt(folder: Path, segment_size: int = 32, max_segments: int = 6, seed: 
 
 def tiny_srformer(folder: Path, mode: str = "srformer", encoder_window: int = 24, seed: int = 0,
                   max_source: int = 200, norm_position: str = "pre", salience: bool = True,
-                  **options: object) -> Path:
+                  salience_lexical: bool | None = None, **options: object) -> Path:
     """A small random SRformer decoder over the pip-installed MiniLM encoder.
 
     Short encoder windows so a paragraph spans several windows; the decoder's word embeddings are
     MiniLM's, as in training, and are not stored. With a (random) salience head: its default decoding is
-    sentence copy.
+    sentence copy; the head has its (random) lexicon unless ``salience_lexical`` is False.
     """
     from models.srformer import SRformer, SRformerConfig
 
     torch.manual_seed(seed)
     config = SRformerConfig(cross_attention=mode, segment_size=8, d_model=32, n_layer=2, n_head=2, d_ff=64,
                             max_target=128, encoder_window=encoder_window, max_source=max_source, dropout=0.0,
-                            norm_position=norm_position, salience=salience, **options)  # type: ignore[arg-type]
+                            norm_position=norm_position, salience=salience,
+                            salience_lexical=salience if salience_lexical is None else salience_lexical,
+                            **options)  # type: ignore[arg-type]
     model = SRformer(config)
     if model.salience_position is not None:
         torch.nn.init.normal_(model.salience_position)
+    if model.salience_lexical is not None:
+        torch.nn.init.normal_(model.salience_lexical)
+        torch.nn.init.normal_(model.salience_token, std=0.5)
+        torch.nn.init.uniform_(model.salience_idf, 1.0, 5.0)
     extras = {"task": "summarize", "beams": 1, "no_repeat_ngram": 3}
     return save_checkpoint(folder, "srformer", config, model.state_dict(), extras)
 

@@ -55,6 +55,7 @@ class Servable:
     state_spec: list[TensorSpec]
     settings: dict[str, Any]  # serving settings: segment length, look-back, labels, variables ...
     assets: dict[str, Path] = field(default_factory=dict)  # files copied into the entry (tokenizer.json)
+    tensor_assets: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # key -> assets/<key>.safetensors
     initial_state: dict[str, torch.Tensor] = field(default_factory=dict)  # init_state(1); zeros where absent
 
     def init_state(self) -> dict[str, torch.Tensor]:

@@ -218,6 +218,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
     decode_defaults = extras.get("decode", extras)  # the decoding chosen on dev, where recorded
     decoding = str(decode_defaults.get("decoding", "sentence" if c.salience else "free"))
     position = model.salience_position.tolist() if model.salience_position is not None else None
+    lexicon = model.lexicon()
     return Servable(
         name="",
         task="summarize",
@@ -228,11 +229,14 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
             **stream_settings(c),
             "decoding": decoding,
             "salience_position": position,
+            "salience_lexical": list(lexicon.weights) if lexicon else None,  # q; v and idf: assets["lexicon"]
             "beam_size": int(decode_defaults.get("beams", 1) or 1),
             "no_repeat_ngram": int(decode_defaults.get("no_repeat_ngram", 0) or 0),
             "metrics": extras.get("test_rouge", extras.get("metrics", {})),
         },
         assets={"tokenizer": tokenizer_file()},
+        tensor_assets={"lexicon": {"token_weight": model.salience_token.detach().float(),
+                                   "idf": model.salience_idf.float()}} if lexicon else {},
         initial_state={"last_source_id": torch.tensor([c.bos_id])},
     )
 
@@ -346,7 +350,7 @@ class EagerSummarizer:
             assert salience is not None and self.model.salience_position is not None, "no salience head"
             target = c.summary_length or max(1, math.ceil(c.summary_ratio * read))
             sentences = copy_sentences(text, self.tokenizer, salience, read, self.model.salience_position.tolist(),
-                                       target, max_len)
+                                       target, max_len, self.model.lexicon())
             return " ".join(sentence for sentence, _ in sentences)
         layers = [{kind: torch.from_numpy(memory[f"{kind}{layer}"]) for kind in ("k", "v", "kv", "ksq")}
                   for layer in range(c.n_layer)]

@@ -12,6 +12,11 @@ train split's sentences (features standardised, the scaling folded back into the
 penalty is chosen on the dev split by the ROUGE of the summaries the head then copies (the decoder's
 ``summary_ratio`` / ``summary_length`` sets their length, as in the service). The decoder's weights are
 copied unchanged into the output checkpoint, with ``salience`` on and sentence copy as its decoding.
+
+``--lexical`` fits the head with its lexicon (``SRformerConfig.salience_lexical``): the idf counted on the
+train documents, and beside those features the sentence's centrality and length and its WordPiece counts
+over its length (so the weight of each WordPiece id is the v_x that a token of that id adds to a_t); this
+one is fitted with scikit-learn's liblinear, its C chosen on dev the same way.
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.summarization import corpus_of, rouge_scores
 from models.summary_text import (
     DocumentText,
+    Lexicon,
     choose_sentences,
+    lexical_features,
     position_features,
     sentence_scores,
 )
 from models.training.common import hardware
 
 PENALTIES = (1e-4, 1e-3, 1e-2, 1e-1)  # L2 strengths tried on dev (per standardised feature)
+LEXICAL_C = (0.3, 1.0, 3.0)  # liblinear's inverse L2 strengths tried on dev for a head with its lexicon
 
 
 @dataclass
@@ -158,8 +166,52 @@ def fit_head(x: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, 
     return w[:embed], b, w[embed:]
 
 
+def inverse_document_frequency(tables: list[DocumentSentences], vocab: int) -> np.ndarray:
+    """idf_x = log((1 + N) / (1 + df_x)) + 1 over the N documents' read tokens (scikit-learn's smooth idf)."""
+    df = np.zeros(vocab)
+    for table in tables:
+        df[np.unique(table.doc.ids)] += 1
+    return np.log((1 + len(tables)) / (1 + df)) + 1.0
+
+
+def _token_shares(doc: DocumentText, vocab: int) -> object:
+    """(n, vocab) sparse: each sentence's WordPiece counts over its token count (mean of one-hot ids)."""
+    from scipy.sparse import csr_matrix
+
+    kept = doc.sentence_of >= 0
+    rows, ids = doc.sentence_of[kept], doc.ids[kept]
+    shares = 1.0 / np.maximum(doc.tokens[rows], 1)
+    return csr_matrix((shares, (rows, ids)), shape=(len(doc.spans), vocab))  # duplicates are summed
+
+
+def fit_lexical_head(tables: list[DocumentSentences], idf: np.ndarray, c: float
+                     ) -> tuple[np.ndarray, float, np.ndarray, Lexicon]:
+    """Logistic regression (liblinear, inverse L2 strength ``c``) on [mean encoder output, position,
+    centrality and length] (standardised) and the WordPiece shares: the head's w, b, p and its lexicon."""
+    from scipy.sparse import csr_matrix, hstack, vstack
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+
+    vocab = len(idf)
+    dense = [np.hstack([t.features, position_features(len(t.labels)), lexical_features(t.doc, idf)]) for t in tables]
+    read = [np.nonzero(t.doc.tokens > 0)[0] for t in tables]
+    stacked = np.vstack([d[r] for d, r in zip(dense, read, strict=True)])
+    mean, scale = stacked.mean(axis=0), stacked.std(axis=0) + 1e-6
+    x = vstack([hstack([csr_matrix((d - mean) / scale), _token_shares(t.doc, vocab)]).tocsr()[r]
+                for t, d, r in zip(tables, dense, read, strict=True)])
+    y = np.concatenate([t.labels[r] for t, r in zip(tables, read, strict=True)])
+    with threadpool_limits(1):
+        model = LogisticRegression(C=c, solver="liblinear", max_iter=1000).fit(x, y)
+    coefficients = model.coef_[0]
+    folded = coefficients[: len(mean)] / scale  # as in fit_head: the standardisation folded back
+    b = float(model.intercept_[0]) - float((folded * mean).sum())
+    embed = tables[0].features.shape[1]
+    w, p, q = folded[:embed], folded[embed : embed + 3], folded[embed + 3 :]
+    return w, b, p, Lexicon(coefficients[len(mean) :], idf, (float(q[0]), float(q[1])))
+
+
 def copied_summaries(tables: list[DocumentSentences], w: np.ndarray, b: float, p: np.ndarray,
-                     summary_ratio: float, summary_length: int) -> list[str]:
+                     summary_ratio: float, summary_length: int, lexicon: Lexicon | None = None) -> list[str]:
     """What the service would copy, per document, with this head (the token logits mean per sentence
     equals the head on the mean feature, so the sentence features stand in for the tokens)."""
     out = []
@@ -169,7 +221,7 @@ def copied_summaries(tables: list[DocumentSentences], w: np.ndarray, b: float, p
         token_logits = np.zeros(read)
         kept = doc.sentence_of >= 0
         token_logits[kept] = (table.features @ w + b)[doc.sentence_of[kept]]
-        scores = sentence_scores(doc, token_logits, p)
+        scores = sentence_scores(doc, token_logits, p, lexicon)
         target = summary_length or max(1, math.ceil(summary_ratio * read))
         out.append(" ".join(doc.sentence(j) for j in choose_sentences(doc, scores, target)))
     return out
@@ -191,6 +243,7 @@ def fit_main(argv: Sequence[str]) -> int:
                         "(0 = all)")
     parser.add_argument("--dev-docs", type=int, default=0, help="dev documents used for the choice (0 = all)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--lexical", action="store_true", help="fit the head with its lexicon (module docstring)")
     args = parser.parse_args(list(argv))
     torch.set_num_threads(args.threads)
     started = time.time()
@@ -206,26 +259,36 @@ def fit_main(argv: Sequence[str]) -> int:
     ratio, length = float(config["summary_ratio"]), int(config["summary_length"])
     references = [t.reference for t in dev]
     trials = []
-    for penalty in PENALTIES:
-        w, b, p = fit_head(x, y, penalty)
-        scores = rouge_scores(copied_summaries(dev, w, b, p, ratio, length), references)
-        trials.append({"penalty": penalty, "dev": scores, "head": (w, b, p)})
+    idf = inverse_document_frequency(train, int(config.get("vocab_size", 30522))) if args.lexical else None
+    for penalty in LEXICAL_C if idf is not None else PENALTIES:
+        if idf is not None:
+            w, b, p, lexicon = fit_lexical_head(train, idf, penalty)
+        else:
+            (w, b, p), lexicon = fit_head(x, y, penalty), None
+        scores = rouge_scores(copied_summaries(dev, w, b, p, ratio, length, lexicon), references)
+        trials.append({"penalty": penalty, "dev": scores, "head": (w, b, p, lexicon)})
         print(json.dumps({"penalty": penalty, "dev": scores}), file=sys.stderr)
     best = max(trials, key=lambda t: sum(t["dev"].values()))
-    w, b, p = best["head"]
+    w, b, p, lexicon = best["head"]
     weights = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
     weights["salience.weight"] = torch.from_numpy(w.astype(np.float32))[None]
     weights["salience.bias"] = torch.tensor([b], dtype=torch.float32)
     weights["salience_position"] = torch.from_numpy(p.astype(np.float32))
+    if lexicon is not None:
+        weights["salience_token"] = torch.from_numpy(lexicon.token_weight.astype(np.float32))
+        weights["salience_lexical"] = torch.tensor(lexicon.weights, dtype=torch.float32)
+        weights["salience_idf"] = torch.from_numpy(lexicon.idf.astype(np.float32))
     decode = dict(checkpoint.extras.get("decode", {}), decoding="sentence")
     extras = dict(checkpoint.extras, decode=decode, salience={
         "data": str(args.data), "train_documents": len(train), "train_sentences": int(len(y)),
         "oracle_share": round(float(y.mean()), 4), "dev_documents": len(dev),
+        "lexical": lexicon is not None, "penalty_kind": "liblinear C" if lexicon is not None else "L2 per feature",
         "trials": [{"penalty": t["penalty"], "dev": t["dev"]} for t in trials], "penalty": best["penalty"],
         "dev": best["dev"], "seconds": round(time.time() - started, 1), "hardware": hardware(args.threads),
         "command": "python -m models.training.srformer_salience fit " + " ".join(argv),
     })
-    save_checkpoint(args.out, "srformer", {**config, "salience": True}, weights, extras)
+    save_checkpoint(args.out, "srformer", {**config, "salience": True, "salience_lexical": lexicon is not None},
+                    weights, extras)
     print(json.dumps({"out": str(args.out), "penalty": best["penalty"], "dev": best["dev"]}))
     return 0
 

@@ -24,7 +24,7 @@ import numpy as np
 from models.decoding import BeamSearch, GreedySearch, Search, TokenCallback
 from models.detokenize import Detokenizer, WordStream, sentence_end_ids
 from models.summary_stream import SummaryStream
-from models.summary_text import DocumentCase, copy_sentences
+from models.summary_text import DocumentCase, Lexicon, copy_sentences
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.pipeline import (
@@ -39,6 +39,17 @@ from service.runtime.pipeline import (
 
 DECODINGS = ("sentence", "free")
 
+
+def load_lexicon(entry: Path, manifest: Mapping[str, Any]) -> Lexicon | None:
+    """The salience head's lexical part (models/summary_text.py), where the model has one."""
+    weights = manifest["settings"].get("salience_lexical")
+    if not weights:
+        return None
+    from safetensors.numpy import load_file
+
+    arrays = load_file(str(entry / manifest["assets"]["lexicon"]))
+    return Lexicon(arrays["token_weight"].astype(np.float64), arrays["idf"].astype(np.float64),
+                   (float(weights[0]), float(weights[1])))
 
 class SummarizePipeline(TextPipeline):
     task = "summarize"
@@ -57,6 +68,7 @@ class SummarizePipeline(TextPipeline):
         self.sentence_ends = sentence_end_ids(self.tokenizer)
         self.stream = SummaryStream(s, self.tokenizer)
         self.position_weights = s.get("salience_position")  # None: no salience head, no sentence copy
+        self.lexicon = load_lexicon(entry, manifest)
         self.default_decoding = str(s.get("decoding") or ("sentence" if self.position_weights else "free"))
 
     # ---- reading the document ------------------------------------------------------------------
@@ -141,7 +153,7 @@ class SummarizePipeline(TextPipeline):
     def _copy_sentences(self, text: str, salience: np.ndarray, read: int,
                         max_length: int | None) -> list[tuple[str, int]]:
         return copy_sentences(text, self.tokenizer, salience, read, self.position_weights,
-                              self.stream.summary_tokens(read), int(max_length) if max_length else None)
+                              self.stream.summary_tokens(read), int(max_length) if max_length else None, self.lexicon)
 
     async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int, result: dict[str, Any],
                       known: frozenset[tuple[int, ...]] | None, case: DocumentCase) -> AsyncIterator[str]:
