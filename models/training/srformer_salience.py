@@ -270,7 +270,8 @@ def fit_main(argv: Sequence[str]) -> int:
         print(json.dumps({"penalty": penalty, "dev": scores}), file=sys.stderr)
     best = max(trials, key=lambda t: sum(t["dev"].values()))
     w, b, p, lexicon = best["head"]
-    weights = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
+    lexical_names = ("salience_token", "salience_lexical", "salience_idf")  # a refit without --lexical drops them
+    weights = {name: tensor.float() for name, tensor in checkpoint.state_dict.items() if name not in lexical_names}
     weights["salience.weight"] = torch.from_numpy(w.astype(np.float32))[None]
     weights["salience.bias"] = torch.tensor([b], dtype=torch.float32)
     weights["salience_position"] = torch.from_numpy(p.astype(np.float32))
