@@ -103,15 +103,15 @@ async def test_every_task_reads_the_same_through_the_engine_as_in_process(every_
 def test_rows_of_two_front_ends_share_the_engines_batches():
     """Each front end's rows carry its number; the fake device sees which front ends each batch mixes, and every
     answer goes back to the front end that asked (checked in the front ends)."""
-    one = measure(1, sessions=8, piece_ms=1, cost="held", device_ms=20, max_batch=12, seconds=3)
+    one = measure(1, sessions=8, piece_ms=1, cost="held", device_ms=20, max_batch=6, seconds=3)
     assert one["mixed_batches"] == 0, one
-    # Sixteen sessions' rows circulate and a batch holds twelve: a batch formed from more than eight queued rows
-    # holds rows of both front ends (each has eight), so an engine that batched each front end apart would fail
-    # here. (With batches larger than both front ends' rows together, two closed loops with equal pieces can
-    # lock in phase and alternate whole batches: seen on an idle machine, 0 % mixed in one run, 50 % in the next.)
+    # A batch holds six rows and each front end has eight in flight: a batch leaves two of one front end's rows
+    # queued, and the next batch takes them with the other's, so an engine that batched each front end apart
+    # would fail here. (With a batch that holds all of one front end's rows, two closed loops with equal pieces
+    # can lock in phase and alternate whole batches: seen with 12 and 32 rows a batch, 0 % mixed in every run.)
     runs = []
     for _ in range(4):
-        two = measure(2, sessions=8, piece_ms=1, cost="held", device_ms=20, max_batch=12, seconds=3)
+        two = measure(2, sessions=8, piece_ms=1, cost="held", device_ms=20, max_batch=6, seconds=3)
         runs.append(two)
         assert two["mean_batch_size"] >= one["mean_batch_size"] - 0.5, (one, two)
         if two["mixed_batches"] > 0.2:
