@@ -75,6 +75,16 @@ def shown(summary: str) -> str:
     return " ".join(sentences(summary))
 
 
+def _write(path: Path, items: list[dict[str, Any]], keys: list[dict[str, Any]]) -> tuple[Path, Path]:
+    """The sheet of ``items`` to ``path`` and its key (``keys``, item by item) beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_sheet(items), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    key = key_path(path)
+    key.write_text(json.dumps({"format": KEY_FORMAT, "sheet": path.name, "items": keys}, indent=2,
+                              ensure_ascii=False) + "\n", encoding="utf-8")
+    return path, key
+
+
 def write_sheet(path: Path, pairs: Sequence[Any], candidates: Mapping[str, Sequence[str]], count: int, seed: int,
                 about: Mapping[str, Any]) -> tuple[Path, Path]:
     """Write ``count`` documents of ``pairs`` (chosen and ordered by ``seed``), each with one candidate per
@@ -94,12 +104,7 @@ def write_sheet(path: Path, pairs: Sequence[Any], candidates: Mapping[str, Seque
         keys.append({"item": number, **about, "document_key": pairs[index].key,
                      "systems": dict(zip(labels, order, strict=True)),
                      "candidate_sha256": {label: _digest(text) for label, text in texts.items()}})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_sheet(items), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    key = key_path(path)
-    key.write_text(json.dumps({"format": KEY_FORMAT, "sheet": path.name, "items": keys}, indent=2,
-                              ensure_ascii=False) + "\n", encoding="utf-8")
-    return path, key
+    return _write(path, items, keys)
 
 
 def _read(path: Path, kind: str) -> dict[str, Any]:
@@ -203,12 +208,7 @@ def merge(out: Path, sheets: Sequence[Path], seed: int) -> tuple[Path, Path]:
     for number, (item, entry) in enumerate(pooled, start=1):
         items.append({**item, "item": number})
         keys.append({**entry, "item": number})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(_sheet(items), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    key = key_path(out)
-    key.write_text(json.dumps({"format": KEY_FORMAT, "sheet": out.name, "items": keys}, indent=2,
-                              ensure_ascii=False) + "\n", encoding="utf-8")
-    return out, key
+    return _write(out, items, keys)
 
 
 def main(argv: Sequence[str]) -> int:

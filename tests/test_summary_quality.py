@@ -121,3 +121,7 @@ def test_the_extractor_learns_which_sentences_a_summary_takes():
 def test_the_extractor_refuses_labels_of_one_kind():
     with pytest.raises(ValueError, match="both in and out"):
         SentenceExtractor().fit(["A b c. D e f."], ["G h i."])
+
+
+def test_the_oracle_takes_a_one_word_sentence_for_a_one_word_reference():
+    assert greedy_oracle(["Yes.", "No way at all."], "yes") == [0]  # no bigram anywhere: ROUGE-2 is 0, not 0 / 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -49,13 +49,24 @@ def _grams(tokens: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
     return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
-def greedy_oracle(parts: Sequence[str], reference: str) -> list[int]:
-    """Sentence indices chosen greedily to raise ROUGE-1 F + ROUGE-2 F against ``reference`` (lower-cased
-    words, no stemming), stopping when no sentence raises it or the choice has the reference's length."""
-    reference_tokens = [word.lower() for word in words(reference)]
+def _lowered_words(text: str) -> list[str]:
+    return [word.lower() for word in words(text)]
+
+
+def _f1(overlap: int, produced: int, wanted: int) -> float:
+    return 2 * overlap / (produced + wanted) if overlap else 0.0  # 2PR / (P + R)
+
+
+def greedy_oracle(parts: Sequence[str], reference: str,
+                  tokenize: Callable[[str], list[str]] = _lowered_words, up_to_length: bool = True) -> list[int]:
+    """Sentence indices chosen greedily to raise ROUGE-1 F + ROUGE-2 F against ``reference`` (plain n-gram
+    counts of ``tokenize``'s tokens, no stemming: Nallapati et al. 2017's labelling), stopping when no sentence
+    raises it or (``up_to_length``) once the choice has the reference's length. Overlaps are updated per
+    candidate's own n-grams only."""
+    reference_tokens = tokenize(reference)
     if not reference_tokens:
         return []
-    tokens = [[word.lower() for word in words(part)] for part in parts]
+    tokens = [tokenize(part) for part in parts]
     wanted = [_grams(reference_tokens, n) for n in (1, 2)]
     wanted_total = [sum(counter.values()) for counter in wanted]
     # each sentence's n-grams that the reference has, and its n-gram count
@@ -70,13 +81,13 @@ def greedy_oracle(parts: Sequence[str], reference: str) -> list[int]:
         counts, limit = have[n - 1], wanted[n - 1]
         return sum(min(counts[g] + c, limit[g]) - min(counts[g], limit[g]) for g, c in useful[index][n - 1].items())
 
-    while sum(len(tokens[i]) for i in chosen) < len(reference_tokens):
+    while not up_to_length or sum(len(tokens[i]) for i in chosen) < len(reference_tokens):
         candidate, candidate_score = -1, best
         for index in range(len(parts)):
             if index in chosen or not tokens[index]:
                 continue
-            score = sum(2 * (overlap[n - 1] + gain(index, n)) / (predicted[n - 1] + sizes[index][n - 1] +
-                        wanted_total[n - 1]) for n in (1, 2))
+            score = sum(_f1(overlap[n - 1] + gain(index, n), predicted[n - 1] + sizes[index][n - 1],
+                            wanted_total[n - 1]) for n in (1, 2))
             if score > candidate_score:
                 candidate, candidate_score = index, score
         if candidate < 0:

@@ -27,7 +27,6 @@ import math
 import re
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.data.baselines import greedy_oracle
 from models.data.summarization import corpus_of, rouge_scores
 from models.summary_text import (
     DocumentText,
@@ -61,49 +61,14 @@ class DocumentSentences:
 
 
 # ---- the oracle ---------------------------------------------------------------------------------
-def _words(text: str) -> list[str]:
+def oracle_words(text: str) -> list[str]:
+    """The oracle's tokens: runs of lower-case letters and digits."""
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
-def _f1(overlap: int, produced: int, wanted: int) -> float:
-    if overlap == 0:
-        return 0.0
-    precision, recall = overlap / produced, overlap / wanted
-    return 2 * precision * recall / (precision + recall)
-
-
-def greedy_oracle(sentences: list[str], reference: str) -> list[int]:
-    """Sentences added one at a time while ROUGE-1 + ROUGE-2 F1 (plain word counts) against ``reference``
-    rises (Nallapati et al. 2017's labelling). Overlaps are updated per candidate's own n-grams only."""
-    ref_words = _words(reference)
-    refs = (Counter(ref_words), Counter(zip(ref_words, ref_words[1:], strict=False)))
-    wanted = (max(len(ref_words), 1), max(len(ref_words) - 1, 1))
-    grams = [(Counter(w), Counter(zip(w, w[1:], strict=False))) for w in (_words(s) for s in sentences)]
-    chosen: list[int] = []
-    have: tuple[Counter, Counter] = (Counter(), Counter())
-    overlap, produced = [0, 0], [0, 0]
-    best = 0.0
-
-    def gain(n: int, candidate: Counter) -> int:
-        return sum(min(have[n][g] + c, refs[n][g]) - min(have[n][g], refs[n][g])
-                   for g, c in candidate.items() if g in refs[n])
-
-    while True:
-        pick, pick_score, pick_overlap = None, best, None
-        for j, candidate in enumerate(grams):
-            if j in chosen or not candidate[0]:
-                continue
-            new_overlap = [overlap[n] + gain(n, candidate[n]) for n in (0, 1)]
-            score = sum(_f1(new_overlap[n], produced[n] + sum(candidate[n].values()), wanted[n]) for n in (0, 1))
-            if score > pick_score:
-                pick, pick_score, pick_overlap = j, score, new_overlap
-        if pick is None or pick_overlap is None:
-            return sorted(chosen)
-        chosen.append(pick)
-        for n in (0, 1):
-            have[n].update(grams[pick][n])
-            produced[n] += sum(grams[pick][n].values())
-        overlap, best = pick_overlap, pick_score
+def oracle_labels(sentences: list[str], reference: str) -> list[int]:
+    """The sentences the greedy ROUGE oracle copies, added while ROUGE-1 + ROUGE-2 F1 rises (no length stop)."""
+    return greedy_oracle(sentences, reference, tokenize=oracle_words, up_to_length=False)
 
 
 # ---- sentence tables ----------------------------------------------------------------------------
@@ -126,7 +91,7 @@ def sentence_tables(data: Path, keys: list[str], max_source: int) -> list[Docume
         np.add.at(sums, doc.sentence_of[kept], enc[kept])
         features = (sums / np.maximum(doc.tokens, 1)[:, None]).astype(np.float32)
         labels = np.zeros(n, dtype=np.float32)
-        labels[greedy_oracle([doc.sentence(j) for j in range(n)], pair.summary)] = 1.0
+        labels[oracle_labels([doc.sentence(j) for j in range(n)], pair.summary)] = 1.0
         tables.append(DocumentSentences(example.key, doc, features, labels, pair.summary))
     return tables
 
