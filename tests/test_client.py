@@ -159,7 +159,9 @@ def test_cli_verbs(server, tmp_path):
     assert through.returncode == 0 and json.loads(through.stdout)["session"]["seq"] == 6, through.stderr
     piped = cli(url, "session", "stream", "-", "--task", "summarize", "--piece-chars", "100", stdin=TEXT)
     session = json.loads(piped.stdout)["session"]
-    assert json.loads(cli(url, "session", "status", session["id"]).stdout)["status"] == "finished"
+    status = cli(url, "session", "status", session["id"])
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["status"] == "finished"
     assert cli(url, "session", "delete", session["id"]).returncode == 0
     gone = cli(url, "session", "status", session["id"])
     assert gone.returncode == 1 and "404" in gone.stderr
