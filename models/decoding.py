@@ -13,7 +13,9 @@ and ``rtserve eval`` of an exported entry all drive these state machines one ste
 The searches know nothing about the model: ``vocab_ids`` (V,) maps a column of the log-probabilities
 to a token id, ``bos`` starts every sequence and ``eos`` ends it. Given sentence-end ids ``ends`` and a
 ``target`` length (the model's summary length), a summary also ends at the first sentence end at or past
-the target, so it never stops mid-sentence because it reached its length.
+the target, so it never stops mid-sentence because it reached its length; ``min_length`` keeps ``eos``
+out until the summary has that many tokens (the service passes the target: the length follows the
+model's summary ratio, not the decoder's own guess of when to stop).
 """
 
 from __future__ import annotations
@@ -84,10 +86,11 @@ class GreedySearch:
 
     def __init__(self, bos: int, eos: int, vocab_ids: np.ndarray, limit: int, no_repeat: int,
                  on_token: TokenCallback | None = None, ends: frozenset[int] = frozenset(),
-                 target: int | None = None) -> None:
+                 target: int | None = None, min_length: int = 0) -> None:
         self.rows = 1
         self.bos, self.eos, self.vocab_ids, self.limit, self.no_repeat = bos, eos, vocab_ids, limit, no_repeat
         self.ends, self.target = ends, target if target is not None else limit
+        self.min_length = min(min_length, limit)
         self.on_token = on_token
         self.ban = NgramBan(no_repeat)
         self.sequence = self.ban.sequence
@@ -99,6 +102,8 @@ class GreedySearch:
         """``logp`` (1, >= V) is this search's own rows of the step's output (it may be changed in place)."""
         row = logp[0, : len(self.vocab_ids)]
         ban_columns(row, self.ban.banned(), self.vocab_ids)
+        if self.t < self.min_length:
+            ban_columns(row, {self.eos}, self.vocab_ids)
         chosen = int(self.vocab_ids[int(row.argmax())])
         self.t += 1
         if chosen == self.eos:
@@ -119,10 +124,12 @@ class BeamSearch:
     """``beams`` rows; hypotheses end at ``eos``; scores are normalised by length ** ``length_penalty``."""
 
     def __init__(self, bos: int, eos: int, vocab_ids: np.ndarray, limit: int, no_repeat: int, beams: int,
-                 length_penalty: float = 1.0, ends: frozenset[int] = frozenset(), target: int | None = None) -> None:
+                 length_penalty: float = 1.0, ends: frozenset[int] = frozenset(), target: int | None = None,
+                 min_length: int = 0) -> None:
         self.rows = beams
         self.bos, self.eos, self.vocab_ids, self.limit, self.no_repeat = bos, eos, vocab_ids, limit, no_repeat
         self.ends, self.target = ends, target if target is not None else limit
+        self.min_length = min(min_length, limit)
         self.length_penalty = length_penalty
         self.bans = [NgramBan(no_repeat) for _ in range(beams)]
         self.sequences: list[list[int]] = [ban.sequence for ban in self.bans]
@@ -141,6 +148,8 @@ class BeamSearch:
         logp = logp[:, :width]
         for row, ban in enumerate(self.bans):
             ban_columns(logp[row], ban.banned(), self.vocab_ids)
+            if len(ban.sequence) < self.min_length:
+                ban_columns(logp[row], {self.eos}, self.vocab_ids)
         total = (self.scores[:, None] + logp).reshape(-1)
         order = np.argsort(-total, kind="stable")[: 2 * beams]
         rows: list[int] = []

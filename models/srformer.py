@@ -888,7 +888,8 @@ class SRformer(nn.Module):
         training's dev selection, ``rtserve eval`` and the service decode the same way. Greedy
         decodes the batch's documents together; beam search one document at a time. The length
         cap is ``max_len`` or, when None, 1.25 * q of the document (bounded by max_target); with
-        sentence-end ids ``ends``, a summary also stops at the first sentence end at or past q.
+        sentence-end ids ``ends`` (the service's free decoding), a summary does not end before q tokens and
+        stops at the first sentence end at or past q.
         """
         c = self.config
         vocab_ids, vocab_mask, src_index = self.vocab(source_ids, mask)
@@ -898,14 +899,14 @@ class SRformer(nn.Module):
         targets = [min(int(q_b), limit) for q_b, limit in zip(q.tolist(), limits, strict=True)]
         row_vocab = [vocab_ids[b][vocab_mask[b]].cpu().numpy() for b in range(len(limits))]  # sorted ids
         if beams == 1:
-            searches = [GreedySearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram, None, ends, targets[b])
-                        for b, limit in enumerate(limits)]
+            searches = [GreedySearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram, None, ends, targets[b],
+                                     targets[b] if ends else 0) for b, limit in enumerate(limits)]
             self._drive(searches, memory, mask, vocab_ids, vocab_mask, src_index)
             return [search.result() for search in searches]
         results = []
         for b, limit in enumerate(limits):
             search = BeamSearch(c.bos_id, c.eos_id, row_vocab[b], limit, no_repeat_ngram, beams, length_penalty,
-                                ends, targets[b])
+                                ends, targets[b], targets[b] if ends else 0)
             rows = torch.full((beams,), b, dtype=torch.long, device=mask.device)
             self._drive([search], [{n: t.index_select(0, rows) for n, t in mem.items()} for mem in memory],
                         mask[rows], vocab_ids[rows], vocab_mask[rows], src_index[rows])

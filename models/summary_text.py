@@ -20,9 +20,11 @@ say: a weight v_x per WordPiece id x (so a_t gains v_{x_t}), and two terms of th
 
 where f_j is sentence j's WordPiece counts times their inverse document frequency (idf, counted on the
 training documents) and f_D the whole text's: how central the sentence is to the rest of the document, and
-its length. The highest-scoring sentences are taken until the summary is as long as the model's summary
-length (``summary_ratio`` of the tokens read, or ``summary_length``): a sentence is taken when it brings the
-length nearer that target, and they are written in the document's order.
+its length. The document's first unit opens the summary; then the highest-scoring units are taken until the
+summary is as long as the model's summary length (``summary_ratio`` of the tokens read, or
+``summary_length``): a unit is taken when it brings the length nearer that target, together with the units
+it leans on (the sentence its "He" or "But" continues, the one that introduced the "Mr Kim" it names), and
+never when it repeats one already taken. They are written in the document's order.
 
 Free generation (``decoding="free"``) writes WordPiece tokens of an uncased vocabulary: :class:`DocumentCase`
 gives each generated word the letter case (and accents) the document writes it with, and capitalises
@@ -198,28 +200,106 @@ def sentence_scores(doc: DocumentText, token_logits: np.ndarray, position_weight
     return z
 
 
+# ---- what a copied unit leans on ------------------------------------------------------------------
+# a unit that opens with one of these reads as the continuation of the unit before it
+_OPENS_LEANING = frozenset(
+    "he she they it his her their its him them this these those that such another both there but however also "
+    "and yet so then still meanwhile instead nevertheless moreover furthermore besides thus hence therefore "
+    "further despite".split())
+_OPENING_PHRASES = ("for example", "for instance", "in addition", "as a result", "in contrast",
+                    "on the other hand", "at the same time")
+_FIRST_WORDS = re.compile(r"[A-Za-z']+(?:\s+[A-Za-z']+){0,3}")
+# a quotation given to a pronoun ("..., he said."), unless a titled name is in the unit too
+_PRONOUN_SPEAKS = re.compile(r"\b(?:he|she|they)\s+(?:said|says|added|adds|told|argued|continued|warned|explained"
+                             r"|insisted|claimed|stressed|admitted)\b", re.IGNORECASE)
+_TITLED_NAME = re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Dr|Prof|Sir|Lord|Lady)\.?\s+([A-Z][\w'’-]+)")
+_CAPITALISED = re.compile(r"(?<![\w'’-])([A-Z][\w'’-]+)")
+_NAME_PAIR = re.compile(r"(?=\b([A-Z][\w'’-]+)\s+([A-Z][\w'’-]+))")  # overlapping: "Mary Queen Scots"
+
+
+def _opens_leaning(unit: str) -> bool:
+    opening = _FIRST_WORDS.search(unit)
+    if opening is None:
+        return False
+    words = opening.group(0).lower().split()
+    return words[0] in _OPENS_LEANING or any(" ".join(words).startswith(phrase) for phrase in _OPENING_PHRASES)
+
+
+def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
+    """Per unit, the earlier units a reader needs to understand it (a reader takes a summary sentence that
+    leans on a sentence left out for a non sequitur, or a quote for the wrong speaker's):
+
+    - the unit before, when it opens with a pronoun, a demonstrative or a connective ("He", "These", "But",
+      "For example") or gives a quotation to a pronoun ("..., he said.");
+    - the unit that introduced a name it uses alone: a surname after a title ("Mr Kim") or a capitalised word
+      never preceded by another one here ("Faraj continued"), whose first appearance as the second of two
+      capitalised words ("Mustafa Faraj", "James Hardie") was in an earlier unit.
+
+    Lower-cased text (SumPubMed's) has no names to follow; its connectives still count."""
+    introduced: dict[str, int] = {}
+    out = []
+    for j, unit in enumerate(units):
+        needs: set[int] = set()
+        if j and (_opens_leaning(unit) or (_PRONOUN_SPEAKS.search(unit) and not _TITLED_NAME.search(unit))):
+            needs.add(j - 1)
+        seconds = {second for _, second in _NAME_PAIR.findall(unit)}
+        alone = {word for word in _CAPITALISED.findall(unit) if word not in seconds} | set(_TITLED_NAME.findall(unit))
+        needs.update(introduced[name] for name in alone if name in introduced)
+        for name in seconds:
+            introduced.setdefault(name, j)
+        out.append(frozenset(needs))
+    return out
+
+
+_STOP_WORDS = frozenset("the and for with from that this was were are been has have had not but which who its his "
+                        "her their they said says will would also than into".split())
+REPEATS = 0.6  # a unit with more than this share of its content words in one already taken repeats it
+
+
+def _content_words(unit: str) -> frozenset[str]:
+    return frozenset(word for word in re.findall(r"[a-z0-9]+", unit.lower()) if len(word) > 2 and word not in
+                     _STOP_WORDS)
+
+
 def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
                      limit_tokens: int | None = None) -> list[int]:
-    """The sentences to copy, in document order: by score, each taken when it brings the summary's token
-    count nearer ``target_tokens`` (never past ``limit_tokens``), until the target is reached."""
-    order = np.argsort(-scores, kind="stable")
-    chosen: list[int] = []
+    """The units to copy, in document order.
+
+    The document's first copy unit opens the summary (it introduces the story), then the others by score.
+    A unit is taken together with what it leans on (:func:`leans_on`, followed through) that is not taken
+    yet, when that group brings the summary's token count nearer ``target_tokens`` (never past
+    ``limit_tokens``), until the target is reached. A group holding a unit that cannot be copied is passed
+    over, and so is one that repeats a unit already taken (``REPEATS``)."""
+    order = [int(j) for j in np.argsort(-scores, kind="stable") if np.isfinite(scores[j]) and doc.copyable(int(j))]
+    if order:
+        order.insert(0, order.pop(order.index(min(order))))
+    units = [doc.text[start:end] for start, end in doc.spans]
+    needs = leans_on(units)
+    words = [_content_words(unit) for unit in units]
+    chosen: set[int] = set()
     total = 0
     for j in order:
-        if not np.isfinite(scores[j]) or not doc.copyable(int(j)):
+        if total >= target_tokens:
+            break
+        group, waiting = set(), [j]
+        while waiting:
+            k = waiting.pop()
+            if k not in group and k not in chosen:
+                group.add(k)
+                waiting.extend(needs[k])
+        if any(not np.isfinite(scores[k]) or not doc.copyable(k) for k in group) or any(
+                words[k] and len(words[k] & words[i]) > REPEATS * len(words[k]) for k in group for i in chosen):
             continue
-        size = int(doc.tokens[j])
+        size = int(doc.tokens[sorted(group)].sum())
         if limit_tokens is not None and total + size > limit_tokens:
             continue
         if not chosen or abs(total + size - target_tokens) < abs(total - target_tokens):
-            chosen.append(int(j))
+            chosen |= group
             total += size
-        if total >= target_tokens:
-            break
     if not chosen:  # every sentence is too short to copy alone: the best one that fits (none may fit the limit)
-        fitting = [int(j) for j in order if np.isfinite(scores[j])
+        fitting = [int(j) for j in np.argsort(-scores, kind="stable") if np.isfinite(scores[j])
                    and (limit_tokens is None or doc.tokens[j] <= limit_tokens)]
-        chosen = fitting[:1]
+        chosen = set(fitting[:1])
     return sorted(chosen)
 
 

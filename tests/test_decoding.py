@@ -61,3 +61,24 @@ def test_padded_columns_past_the_vocabulary_are_never_chosen():
     logp = np.array([[NEG, -1.0, -0.5, 0.0]])
     search.advance(logp)
     assert search.sequence == [3, 4]
+
+
+def test_a_minimum_length_keeps_the_end_token_out_until_it_is_reached():
+    vocab = np.array([2, 5, 7], dtype=np.int64)  # 2 is [SEP], the decoder's favourite from the first step
+
+    def wants_to_end(tokens, t):
+        logp = np.log(np.full((len(tokens), 3), 0.05))
+        logp[:, 0] = np.log(0.9)
+        return logp
+
+    assert drive(GreedySearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=0), wants_to_end) == []
+    for min_length in (1, 4, 12):
+        greedy = drive(GreedySearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=0, min_length=min_length),
+                       wants_to_end)
+        beam = drive(BeamSearch(bos=9, eos=2, vocab_ids=vocab, limit=12, no_repeat=0, beams=3,
+                                min_length=min_length), wants_to_end)
+        assert len(greedy) == min_length and 2 not in greedy  # ends as soon as [SEP] is allowed
+        assert len(beam) >= min_length and 2 not in beam  # a longer hypothesis may score higher per token
+    # a minimum past the length cap is the cap
+    assert len(drive(GreedySearch(bos=9, eos=2, vocab_ids=vocab, limit=3, no_repeat=0, min_length=50),
+                     wants_to_end)) == 3

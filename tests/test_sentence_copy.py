@@ -15,6 +15,7 @@ from models.summary_text import (
     choose_sentences,
     copy_sentences,
     is_name_list,
+    leans_on,
     lexical_features,
     sentence_scores,
 )
@@ -97,18 +98,43 @@ def test_a_sentence_cut_by_the_reading_limit_is_not_copied():
 
 
 def test_sentences_are_taken_while_they_bring_the_length_nearer_its_target():
-    text = ("Alpha beta gamma delta epsilon. " * 1 + "One two three four five six seven eight nine ten eleven twelve. "
-            "Short one here too. Another sentence of middle length here.")
+    text = ("Alpha beta gamma delta epsilon. One two three four five six seven eight nine ten eleven twelve. "
+            "Short one here too. A sentence of middle length is here.")
     doc = DocumentText(text, TOKENIZER, 10_000)
     sizes = doc.tokens.tolist()
     scores = np.array([0.0, 3.0, 2.0, 1.0])
-    assert choose_sentences(doc, scores, sizes[1]) == [1]
-    assert choose_sentences(doc, scores, sizes[1] + sizes[2]) == [1, 2]  # kept in the document's order
+    assert choose_sentences(doc, scores, sizes[0]) == [0]  # the opening unit first, whatever its score
+    assert choose_sentences(doc, scores, sizes[0] + sizes[1]) == [0, 1]
+    assert choose_sentences(doc, scores, sizes[0] + sizes[1] + sizes[2]) == [0, 1, 2]  # in the document's order
     assert sizes[3] > sizes[2]
-    prefers_3 = np.array([0.0, 3.0, 1.0, 2.0])  # 3 scores above 2, but only 2 fits beside 1 under the limit
-    assert choose_sentences(doc, prefers_3, 10_000, limit_tokens=sizes[1] + sizes[2]) == [1, 2]
+    prefers_3 = np.array([0.0, 3.0, 1.0, 2.0])  # 3 scores above 2, but only 2 fits beside 0 and 1 under the limit
+    assert choose_sentences(doc, prefers_3, 10_000, limit_tokens=sizes[0] + sizes[1] + sizes[2]) == [0, 1, 2]
     z = sentence_scores(doc, np.zeros(len(doc.sentence_of)), [0.0, 1.0, 0.0])
     assert np.argmax(z) == 0  # the position term alone: the first sentence
+
+
+def test_a_unit_that_leans_on_another_brings_it_and_a_repeat_is_passed_over():
+    units = ["Ken Livingstone said he would not apologise.",  # 0 introduces Livingstone
+             "The Standards Board is looking into the matter.",  # 1
+             "It has the power to suspend the mayor.",  # 2 leans on 1 ("It")
+             "Mr Livingstone called the remarks fair comment.",  # 3 leans on 0 (the surname alone, titled)
+             "Livingstone told reporters on Monday he stood by them.",  # 4 leans on 0 (the surname alone)
+             "However, Labour leaders disagreed with him.",  # 5 leans on 4 (a connective)
+             '"It was wrong," he said.',  # 6 leans on 5 (a pronoun opens it, and speaks)
+             "For example, Tony Blair asked him to say sorry.",  # 7 leans on 6 (a connective phrase)
+             "Tony Blair urged Mr Livingstone to say sorry."]  # 8 names Livingstone after a title: leans on 0
+    assert leans_on(units) == [set(), set(), {1}, {0}, {0}, {4}, {5}, {6}, {0}]
+    assert leans_on(["the yield rose by a third.", "therefore the gene was kept.", "the plots were small."]) == [
+        set(), {0}, set()]  # lower-cased text: no names to follow, connectives still count
+    text = ("Opening words of a story here today. A second sentence that says little at all. "
+            "The Standards Board is looking into the comments. It has the power to suspend the mayor of the city. "
+            "The Standards Board is looking into the remarks.")
+    doc = DocumentText(text, TOKENIZER, 10_000)
+    sizes = doc.tokens.tolist()
+    scores = np.array([0.0, 1.0, -5.0, 9.0, 8.0])  # 3 scores highest, 2 (which it leans on) lowest
+    assert choose_sentences(doc, scores, sizes[0] + sizes[2] + sizes[3]) == [0, 2, 3]
+    # 4 repeats 2: passed over, although it scores above 1 and would bring the length nearer
+    assert choose_sentences(doc, scores, sum(sizes) - sizes[1]) == [0, 1, 2, 3]
 
 
 def test_searches_end_at_the_first_sentence_end_past_the_target():

@@ -267,15 +267,19 @@ def loss_of(model: SRformer, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
 @torch.no_grad()
 def summarize_examples(model: SRformer, examples: list[Example], tokenizer: object, beams: int = 1,
                        no_repeat_ngram: int = 0, batch_size: int = 16) -> tuple[list[str], dict[str, float]]:
-    """Decode summaries from cached encoder outputs; returns texts and decode timing."""
+    """Decode summaries from cached encoder outputs as the service's free decoding does (the summary reaches
+    the model's length q, then ends at a sentence end); returns texts and decode timing."""
+    from models.detokenize import sentence_end_ids
+
     model.eval()
+    ends = sentence_end_ids(tokenizer)  # type: ignore[arg-type]
     texts, tokens, seconds = [], 0, 0.0
     for i in range(0, len(examples), batch_size):
         chunk = examples[i: i + batch_size]
         enc, mask, source, *_ = collate(model, chunk, 1)
         memory = model.memory(enc, mask, source)
         started = time.perf_counter()
-        ids = model.generate(memory, mask, source, beams=beams, no_repeat_ngram=no_repeat_ngram)
+        ids = model.generate(memory, mask, source, beams=beams, no_repeat_ngram=no_repeat_ngram, ends=ends)
         seconds += time.perf_counter() - started
         tokens += sum(len(x) + 1 for x in ids)
         texts += [tokenizer.decode(x) for x in ids]  # type: ignore[attr-defined]

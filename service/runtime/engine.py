@@ -108,7 +108,7 @@ def search_spec(search: Search) -> dict[str, Any]:
     """What the engine needs to rebuild a search (its vocabulary travels as an array)."""
     common = {"bos": int(search.bos), "eos": int(search.eos), "limit": int(search.limit),
               "no_repeat": int(search.no_repeat), "ends": sorted(int(i) for i in search.ends),
-              "target": int(search.target)}
+              "target": int(search.target), "min_length": int(search.min_length)}
     if isinstance(search, GreedySearch):
         return {"kind": "greedy", **common}
     if isinstance(search, BeamSearch):
@@ -119,10 +119,11 @@ def search_spec(search: Search) -> dict[str, Any]:
 def search_from(spec: Mapping[str, Any], vocab_ids: np.ndarray,
                 on_token: Callable[[list[int]], None] | None) -> Search:
     common = (int(spec["bos"]), int(spec["eos"]), vocab_ids, int(spec["limit"]), int(spec["no_repeat"]))
-    ends, target = frozenset(int(i) for i in spec["ends"]), int(spec["target"])
+    ends, target, min_length = frozenset(int(i) for i in spec["ends"]), int(spec["target"]), int(spec["min_length"])
     if spec["kind"] == "greedy":
-        return GreedySearch(*common, on_token, ends, target)
-    return BeamSearch(*common, int(spec["beams"]), float(spec["length_penalty"]), ends=ends, target=target)
+        return GreedySearch(*common, on_token, ends, target, min_length)
+    return BeamSearch(*common, int(spec["beams"]), float(spec["length_penalty"]), ends=ends, target=target,
+                      min_length=min_length)
 
 
 VOCAB = "__vocab_ids"  # the array of a generate frame that is the search's vocabulary

@@ -188,9 +188,12 @@ class SummarizePipeline(TextPipeline):
         fixed, state = self.stream.decoder_inputs(memory, source_ids, vocab_ids, src_index, beams, head)
         s = self.settings
         bos, eos, no_repeat = int(s["bos_id"]), int(s["eos_id"]), int(s["no_repeat_ngram"])
-        ends = self.sentence_ends  # past the target length, the summary ends at the next sentence end
-        search: Search = (GreedySearch(bos, eos, vocab_ids, limit, no_repeat, on_token, ends, target) if beams == 1
-                          else BeamSearch(bos, eos, vocab_ids, limit, no_repeat, beams, ends=ends, target=target))
+        # the summary reaches the model's length (no end before it), then ends at the next sentence end
+        ends = self.sentence_ends
+        search: Search = (GreedySearch(bos, eos, vocab_ids, limit, no_repeat, on_token, ends, target, target)
+                          if beams == 1 else
+                          BeamSearch(bos, eos, vocab_ids, limit, no_repeat, beams, ends=ends, target=target,
+                                     min_length=target))
         return await self.decode.generate(search, fixed, state)
 
 
