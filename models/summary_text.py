@@ -93,15 +93,15 @@ class DocumentText:
         return len(self.text[start:end].split())
 
 
-_LIST_SEPARATOR = re.compile(r"[,;]")
+_LIST_SEPARATOR = re.compile(r"[,;:]")
 
 
 def is_name_list(unit: str) -> bool:
     """A list of names that ends with a full stop, as a team line-up or a list of replacements does
-    ("Phillips, Amankwaah, Coles, Hill, Fortune, Murray (Anyinsah 59), ..."): four or more commas or
-    semicolons, and under 15% of its words starting with a lower-case letter (a sentence's function words do).
-    A reader takes it for noise in a summary."""
-    if len(_LIST_SEPARATOR.findall(unit)) < 4:
+    ("Phillips, Amankwaah, Coles, Hill, Fortune, Murray (Anyinsah 59), ...", "Subs Not Used: Orr, Brown."): two
+    or more commas, semicolons or colons, and under 15% of its words starting with a lower-case letter (a
+    sentence's function words do). A reader takes it for noise in a summary."""
+    if len(_LIST_SEPARATOR.findall(unit)) < 2:
         return False
     words = [word.strip("\"'“”‘’()[]:;,.") for word in unit.split()]
     words = [word for word in words if word[:1].isalpha()]
@@ -206,12 +206,15 @@ _OPENS_LEANING = frozenset(
     "he she they it his her their its him them this these those that such another both there but however also "
     "and yet so then still meanwhile instead nevertheless moreover furthermore besides thus hence therefore "
     "further despite".split())
-_OPENING_PHRASES = ("for example", "for instance", "in addition", "as a result", "in contrast",
+_OPENING_PHRASES = ("for example", "for instance", "in addition", "as a result", "in contrast", "in response",
                     "on the other hand", "at the same time")
 _FIRST_WORDS = re.compile(r"[A-Za-z']+(?:\s+[A-Za-z']+){0,3}")
+_SPEAKS = (r"(?:said|says|added|adds|told|tells|argued|continued|warned|explained|insisted|claimed|stressed"
+           r"|admitted|asked|replied|wrote)")
 # a quotation given to a pronoun ("..., he said."), unless a titled name is in the unit too
-_PRONOUN_SPEAKS = re.compile(r"\b(?:he|she|they)\s+(?:said|says|added|adds|told|argued|continued|warned|explained"
-                             r"|insisted|claimed|stressed|admitted)\b", re.IGNORECASE)
+_PRONOUN_SPEAKS = re.compile(r"\b(?:he|she|they)\s+" + _SPEAKS + r"\b", re.IGNORECASE)
+_SPEAKER = re.compile(r"\b" + _SPEAKS + r"\b", re.IGNORECASE)
+_OPENING_QUOTE = re.compile(r"^\s*[\"“]")
 _TITLED_NAME = re.compile(r"\b(?:Mr|Mrs|Ms|Miss|Dr|Prof|Sir|Lord|Lady)\.?\s+([A-Z][\w'’-]+)")
 _CAPITALISED = re.compile(r"(?<![\w'’-])([A-Z][\w'’-]+)")
 _NAME_PAIR = re.compile(r"(?=\b([A-Z][\w'’-]+)\s+([A-Z][\w'’-]+))")  # overlapping: "Mary Queen Scots"
@@ -230,7 +233,8 @@ def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
     leans on a sentence left out for a non sequitur, or a quote for the wrong speaker's):
 
     - the unit before, when it opens with a pronoun, a demonstrative or a connective ("He", "These", "But",
-      "For example") or gives a quotation to a pronoun ("..., he said.");
+      "For example"), gives a quotation to a pronoun ("..., he said.") or is a quotation that names no speaker
+      (news style gives a run of quoted paragraphs the speaker of the first);
     - the unit that introduced a name it uses alone: a surname after a title ("Mr Kim") or a capitalised word
       never preceded by another one here ("Faraj continued"), whose first appearance as the second of two
       capitalised words ("Mustafa Faraj", "James Hardie") was in an earlier unit.
@@ -240,7 +244,10 @@ def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
     out = []
     for j, unit in enumerate(units):
         needs: set[int] = set()
-        if j and (_opens_leaning(unit) or (_PRONOUN_SPEAKS.search(unit) and not _TITLED_NAME.search(unit))):
+        quotation = _OPENING_QUOTE.match(unit)  # its first word is the speaker's, not the narrator's
+        if j and ((not quotation and _opens_leaning(unit))
+                  or (_PRONOUN_SPEAKS.search(unit) and not _TITLED_NAME.search(unit))
+                  or (quotation and not _SPEAKER.search(unit))):
             needs.add(j - 1)
         seconds = {second for _, second in _NAME_PAIR.findall(unit)}
         alone = {word for word in _CAPITALISED.findall(unit) if word not in seconds} | set(_TITLED_NAME.findall(unit))
@@ -266,15 +273,16 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
     """The units to copy, in document order.
 
     The document's first copy unit opens the summary (it introduces the story), then the others by score.
-    A unit is taken together with what it leans on (:func:`leans_on`, followed through) that is not taken
-    yet, when that group brings the summary's token count nearer ``target_tokens`` (never past
-    ``limit_tokens``), until the target is reached. A group holding a unit that cannot be copied is passed
-    over, and so is one that repeats a unit already taken (``REPEATS``)."""
+    A unit is taken together with what it leans on (:func:`leans_on`, followed through; a title or header it
+    leans on is never copied) that is not taken yet, when that group brings the summary's token count nearer
+    ``target_tokens`` (never past ``limit_tokens``), until the target is reached. A group that repeats a unit
+    already taken (``REPEATS``) is passed over."""
     order = [int(j) for j in np.argsort(-scores, kind="stable") if np.isfinite(scores[j]) and doc.copyable(int(j))]
     if order:
         order.insert(0, order.pop(order.index(min(order))))
     units = [doc.text[start:end] for start, end in doc.spans]
-    needs = leans_on(units)
+    # what a unit leans on and cannot be copied (a title, a header) is not brought: the reader never sees it
+    needs = [frozenset(i for i in leaning if doc.copyable(i)) for leaning in leans_on(units)]
     words = [_content_words(unit) for unit in units]
     chosen: set[int] = set()
     total = 0
@@ -287,7 +295,7 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
             if k not in group and k not in chosen:
                 group.add(k)
                 waiting.extend(needs[k])
-        if any(not np.isfinite(scores[k]) or not doc.copyable(k) for k in group) or any(
+        if any(not np.isfinite(scores[k]) for k in group) or any(
                 words[k] and len(words[k] & words[i]) > REPEATS * len(words[k]) for k in group for i in chosen):
             continue
         size = int(doc.tokens[sorted(group)].sum())

@@ -133,6 +133,8 @@ async def score_summarizer(model: LoadedModel, args: argparse.Namespace) -> dict
 
         lead_name = "lead_same_length" if args.judgement_lead == "same-length" else f"lead_{lead_sentences}"
         candidates = {"model": summaries, lead_name: texts[lead_name], "reference": [p.summary for p in pairs]}
+        if "extractor" in texts:  # the peer a user would pick instead
+            candidates["extractor"] = texts["extractor"]
         write_sheet(Path(args.judgement_sheet), pairs, candidates, count=args.judgement_count,
                     seed=args.judgement_seed, about={"corpus": name, "data": str(args.data), "split": args.split,
                                                      "entry": str(args.entry), "options": options})

@@ -70,11 +70,11 @@ def test_summarizer_entry_reports_the_readers_measures_beside_the_baselines(summ
     assert [row["key"] for row in rows] == ["business/010.txt", "business/011.txt", "business/012.txt"]
     assert set(rows[0]) == {"key", "model", "lead_same_length", "lead_3", "extractor", "reference"}
     assert all(row["model"] and row["reference"] in row["extractor"] for row in rows)  # its first pick: the verdict
-    # the sheet: two documents, model / same-length lead / reference behind A, B, C
+    # the sheet: two documents, model / same-length lead / reference / extractor behind A, B, C, D
     items = json.loads(sheet.read_text())["items"]
     assert len(items) == 2
     key = json.loads(sheet.with_name("sheet.key.json").read_text())
     assert {frozenset(entry["systems"].values()) for entry in key["items"]} == {
-        frozenset({"model", "lead_same_length", "reference"})}
+        frozenset({"model", "lead_same_length", "reference", "extractor"})}
     with pytest.raises(ValueError, match="item 1, candidate A: fluency is missing"):
         score(sheet)

@@ -122,8 +122,10 @@ def test_a_unit_that_leans_on_another_brings_it_and_a_repeat_is_passed_over():
              "However, Labour leaders disagreed with him.",  # 5 leans on 4 (a connective)
              '"It was wrong," he said.',  # 6 leans on 5 (a pronoun opens it, and speaks)
              "For example, Tony Blair asked him to say sorry.",  # 7 leans on 6 (a connective phrase)
-             "Tony Blair urged Mr Livingstone to say sorry."]  # 8 names Livingstone after a title: leans on 0
-    assert leans_on(units) == [set(), set(), {1}, {0}, {0}, {4}, {5}, {6}, {0}]
+             "Tony Blair urged Mr Livingstone to say sorry.",  # 8 names Livingstone after a title: leans on 0
+             '"We will not back down on this."',  # 9 a quotation naming no speaker: the speaker of 8's
+             '"It is over," Ken Livingstone told reporters.']  # 10 names its speaker
+    assert leans_on(units) == [set(), set(), {1}, {0}, {0}, {4}, {5}, {6}, {0}, {8}, set()]
     assert leans_on(["the yield rose by a third.", "therefore the gene was kept.", "the plots were small."]) == [
         set(), {0}, set()]  # lower-cased text: no names to follow, connectives still count
     text = ("Opening words of a story here today. A second sentence that says little at all. "
@@ -135,6 +137,11 @@ def test_a_unit_that_leans_on_another_brings_it_and_a_repeat_is_passed_over():
     assert choose_sentences(doc, scores, sizes[0] + sizes[2] + sizes[3]) == [0, 2, 3]
     # 4 repeats 2: passed over, although it scores above 1 and would bring the length nearer
     assert choose_sentences(doc, scores, sum(sizes) - sizes[1]) == [0, 1, 2, 3]
+    # a title introduces "Nigerian" and "Trust"; the first sentence, which names them alone, is still taken
+    titled = DocumentText("Two Nigerian banks set to merge\n\nNigerian banks Standard Trust and United Bank plan to "
+                          "merge. Trust staff were told on Monday by the chairman.", TOKENIZER, 10_000)
+    assert leans_on([titled.text[a:b] for a, b in titled.spans])[1] == {0}
+    assert choose_sentences(titled, np.array([9.0, 0.0, 1.0]), int(titled.tokens[1])) == [1]
 
 
 def test_searches_end_at_the_first_sentence_end_past_the_target():
@@ -207,7 +214,7 @@ def test_a_list_of_names_is_not_a_copy_unit_but_a_sentence_that_lists_is():
                     "J Forrester (Gloucester), H Ellis (Leicester).")
     listing = ("They were the British Potato Council, the Milk Development Council, the Energy Savings Trust, "
                "Agricultural Wages Committees and the Wine Standards Board.")
-    assert is_name_list(line_up) and is_name_list(replacements)
+    assert is_name_list(line_up) and is_name_list(replacements) and is_name_list("Subs Not Used: Orr, Brown.")
     assert not is_name_list(listing) and not is_name_list("Smith, Jones and Brown scored, as did Green, White.")
     doc = DocumentText(f"Wales beat Italy on Sunday. {line_up} The coach was pleased with the win.", TOKENIZER, 10_000)
     assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, True]
