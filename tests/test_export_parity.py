@@ -142,3 +142,25 @@ async def test_an_fp16_summarizer_export_summarizes_on_the_cpu_provider(tmp_path
     assert 0 < finished.result["summary_tokens"] <= 12 and finished.result["summary"]
     for runner in model.batchers.values():
         await runner.close()
+
+
+def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(forecaster_entry, monkeypatch):
+    from export import exporter
+
+    _, entry = forecaster_entry
+    manifest = json.loads((entry / "manifest.json").read_text())
+    step = manifest["graphs"][0]
+    assert step["intra_op_threads"] == 1  # a tiny RSA step runs a batch of one in well under a millisecond
+
+    def threads(intra_op_threads):
+        backend = load_backends(entry, manifest, "onnx", intra_op_threads)["step"]
+        return backend.session.get_session_options().intra_op_num_threads
+
+    assert threads(0) == 1 and threads(3) == 3  # RTSERVE_INTRA_OP_THREADS, when set, wins
+    # a graph slower than LIGHT_GRAPH_MS on one thread keeps ONNX Runtime's default pool
+    graph = build_servable(forecaster_entry[0]).graphs[0]
+    monkeypatch.setattr(exporter, "LIGHT_GRAPH_MS", 1e-6)
+    assert exporter.light_graph_threads(entry / step["files"]["onnx"], graph) == 0
+    monkeypatch.setattr(exporter, "LIGHT_GRAPH_MS", 1e6)
+    light = exporter.light_graph_threads(entry / step["files"]["onnx"], graph)
+    assert light in (0, 1)  # 0 only where one thread ran slower than the pool (timed on this machine)

@@ -259,7 +259,8 @@ def load_backends(
     spinning: bool = False,
 ) -> dict[str, Backend]:
     """One backend per graph of the entry on a resolved ``device`` ("cpu", "cuda:N") in ``precision``;
-    ``intra_op_threads`` > 0 caps each graph's CPU threads; ``spinning`` lets ONNX Runtime's busy-wait.
+    ``intra_op_threads`` > 0 caps each graph's CPU threads (0: each graph's own from its manifest, ONNX Runtime's
+    default where it names none); ``spinning`` lets ONNX Runtime's busy-wait.
 
     An entry exported in fp16 (``rtserve export --fp16``: float16 inputs, outputs and state) runs as
     it is, in fp16, whether ``precision`` says fp32 (the default) or fp16.
@@ -291,9 +292,10 @@ def load_backends(
         if file_name is None:
             raise FileNotFoundError(f"{entry} has no {backend} export of graph {graph['name']!r}")
         if backend == "onnx":
+            # unset (0), a light graph keeps the one thread its export found enough on a CPU (export/exporter.py)
+            threads = intra_op_threads or (int(graph.get("intra_op_threads", 0)) if device == "cpu" else 0)
             loaded[graph["name"]] = OnnxBackend(
-                entry / file_name, graph, intra_op_threads, device, precision, convert=exported == "fp32",
-                spinning=spinning,
+                entry / file_name, graph, threads, device, precision, convert=exported == "fp32", spinning=spinning,
             )
         else:
             loaded[graph["name"]] = TorchScriptBackend(entry / file_name, graph, device, precision)
