@@ -28,6 +28,7 @@ from service.routers import classify, docs, forecast, health, models, sessions, 
 from service.runtime.engine import EngineClient
 from service.runtime.registry import ModelRegistry
 from service.schemas import ErrorEvent, TokenEvent
+from service.segment_lane import SegmentLane
 from service.session_flow import SessionFlow
 from service.sessions import SessionStore
 from service.settings import Settings
@@ -115,7 +116,10 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
                            allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID", "Accept"],
                            expose_headers=["X-Request-ID", "Retry-After"])
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics, log_access=settings.access_log)  # sees 413s too
-    app.add_middleware(RequestIdMiddleware)  # outermost: every answer and log line carries the id
+    app.add_middleware(RequestIdMiddleware)  # every answer and log line carries the id
+    # outermost: a plain session piece passes the stack and the router, with the same id, metrics and shutdown
+    app.add_middleware(SegmentLane, max_bytes=settings.max_body_bytes, shutdown=shutdown, metrics=metrics,
+                       log_access=settings.access_log)
     return app
 
 

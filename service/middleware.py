@@ -28,6 +28,14 @@ def request_id_of(scope: Scope) -> str | None:
     return state.get("request_id") if isinstance(state, dict) else None
 
 
+def take_request_id(scope: Scope) -> str:
+    """The request's id, the client's ``X-Request-ID`` when it is plain (else a new one), put in its state."""
+    sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+    request_id = sent if _CLIENT_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
+    scope.setdefault("state", {})["request_id"] = request_id
+    return request_id
+
+
 class RequestIdMiddleware:
     """Takes the client's ``X-Request-ID`` (1-128 characters of ``A-Za-z0-9._:/+=-``) or makes one, puts it in the
     request's state and the logging context, and echoes it in the response's ``X-Request-ID`` header."""
@@ -39,9 +47,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
-        request_id = sent if _CLIENT_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        request_id = take_request_id(scope)
         token = request_id_var.set(request_id)
         header = (b"x-request-id", request_id.encode())
 
@@ -148,19 +154,24 @@ class RequestMetricsMiddleware:
         try:
             await self.app(scope, receive, recording_send)
         finally:
-            seconds = time.perf_counter() - started
-            route = route_template(scope)
-            state = scope.get("state") or {}
-            model = state.get("model", "") if isinstance(state, dict) else ""
-            labels = (route, model, str(status))
-            self.metrics.labelled(self.metrics.requests, *labels).inc()
-            self.metrics.labelled(self.metrics.request_seconds, *labels).observe(seconds)
-            if self.log_access:
-                access_log.info(
-                    "%s %s %d %.1f ms", scope.get("method"), route, status, seconds * 1000,
-                    extra={"method": scope.get("method"), "route": route, "status": status, "model": model,
-                           "duration_ms": round(seconds * 1000, 3)},
-                )
+            record_request(self.metrics, route_template(scope), scope, status, time.perf_counter() - started,
+                           self.log_access)
+
+
+def record_request(metrics: ServiceMetrics, route: str, scope: Scope, status: int, seconds: float,
+                   log_access: bool) -> None:
+    """Count and time one request of ``route`` (its template) by model and status; its access log line."""
+    state = scope.get("state") or {}
+    model = state.get("model", "") if isinstance(state, dict) else ""
+    labels = (route, model, str(status))
+    metrics.labelled(metrics.requests, *labels).inc()
+    metrics.labelled(metrics.request_seconds, *labels).observe(seconds)
+    if log_access:
+        access_log.info(
+            "%s %s %d %.1f ms", scope.get("method"), route, status, seconds * 1000,
+            extra={"method": scope.get("method"), "route": route, "status": status, "model": model,
+                   "duration_ms": round(seconds * 1000, 3)},
+        )
 
 
 def route_template(scope: Scope) -> str:

@@ -116,21 +116,24 @@ class ShutdownMiddleware:
             if not cut.expired():  # the app's own, not the cut
                 raise
             if not ended:
-                await self._answer_cut(scope, send, started, event_stream)
+                await answer_cut(scope, send, started, event_stream)
 
-    async def _answer_cut(self, scope: Scope, send: Send, started: bool, event_stream: bool) -> None:
-        body = {"detail": "this replica is shutting down and the request did not finish within its grace "
-                          f"(RTSERVE_SHUTDOWN_TIMEOUT_SECONDS); its outcome is unknown: {retry_advice(scope)}",
-                "request_id": request_id_of(scope)}
-        log.warning("cut at the end of the shutdown grace: %s %s", scope.get("method"), route_template(scope))
-        if not started:
-            content = json.dumps(body).encode()
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
-                (b"retry-after", str(RETRY_AFTER_SECONDS).encode()), (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": content})
-        elif event_stream:
-            await send({"type": "http.response.body", "body": error_event_bytes(503, body), "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        # else: a plain body already under way (no route answers in parts but streams): nothing can be added to
-        # it, and uvicorn closes the connection; the client sees a short body
+
+async def answer_cut(scope: Scope, send: Send, started: bool, event_stream: bool) -> None:
+    """Answer a request cut at the end of the grace: a JSON 503 with ``Retry-After``, or, when its answer has
+    started, an ``error`` event on a stream."""
+    body = {"detail": "this replica is shutting down and the request did not finish within its grace "
+                      f"(RTSERVE_SHUTDOWN_TIMEOUT_SECONDS); its outcome is unknown: {retry_advice(scope)}",
+            "request_id": request_id_of(scope)}
+    log.warning("cut at the end of the shutdown grace: %s %s", scope.get("method"), route_template(scope))
+    if not started:
+        content = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": 503, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
+            (b"retry-after", str(RETRY_AFTER_SECONDS).encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": content})
+    elif event_stream:
+        await send({"type": "http.response.body", "body": error_event_bytes(503, body), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    # else: a plain body already under way (no route answers in parts but streams): nothing can be added to
+    # it, and uvicorn closes the connection; the client sees a short body

@@ -115,7 +115,9 @@ def test_fast_and_validated_pieces_answer_alike_and_a_retry_by_either_path_is_th
         again = client.post(f"/sessions/{session}/segments", json=retry)
         assert again.status_code == 200 and again.json()["replayed"] is True, again.text
         assert again.json()["result"] == answers[path][-1]["result"]
-    assert taken.count(True) == 3 and taken.count(False) == 3
+    # a plain piece is read once (by the segment lane); another is read by the lane, then by the route, which
+    # leaves it to validation
+    assert taken.count(True) == 3 and taken.count(False) == 6
     for fast, validated_answer in zip(answers["fast"], answers["validated"], strict=True):
         for answer in (fast, validated_answer):
             for key in ("id", "created_at", "expires_at"):

@@ -117,22 +117,32 @@ async def apply_piece(request: Request, flow: SessionFlow, session_id: str, owne
                             note_model=lambda ref: setattr(request.state, "model", ref))
 
 
-async def add_segment_fast(request: Request) -> Response | None:
-    """``add_segment`` for a plain JSON piece (:func:`service.schemas.plain_piece`): no dependency solver, no
-    validation by pydantic, the answer serialized once; None (the endpoint takes it) for anything else."""
+async def read_plain_piece(request: Request) -> tuple[int, str | None, list[list[float]] | None] | None:
+    """``(seq, text, rows)`` of a JSON body of the plain types (:func:`service.schemas.plain_piece`); None for any
+    other body, which the endpoint then validates."""
     if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
         return None
     try:
-        piece = plain_piece(orjson.loads(await request.body()))
+        return plain_piece(orjson.loads(await request.body()))
     except orjson.JSONDecodeError:
         return None
-    if piece is None:
-        return None
+
+
+async def answer_piece(request: Request, piece: tuple[int, str | None, list[list[float]] | None]) -> Response:
+    """``add_segment`` for a plain piece: no dependency solver, no validation by pydantic, the answer serialized
+    once. Raises what the endpoint raises (the app's handlers answer it)."""
     seq, text, rows = piece
     owner = owner_of_request(request, request.app.state.settings)
     flow: SessionFlow = request.app.state.flow
     return segment_answer(await apply_piece(request, flow, request.path_params["session_id"], owner, seq, text,
                                             rows))
+
+
+async def add_segment_fast(request: Request) -> Response | None:
+    """The route's fast path (also the segment lane's, service/segment_lane.py): the answer of a plain piece, or
+    None (the endpoint takes it) for anything else."""
+    piece = await read_plain_piece(request)
+    return None if piece is None else await answer_piece(request, piece)
 
 
 @router.post(
