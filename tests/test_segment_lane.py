@@ -72,8 +72,9 @@ def test_a_plain_piece_takes_the_lane_and_is_answered_as_the_stack_answers_it(re
                        for name, headers in ((lane, {}), (stack, STACK))]
             assert answers[0].status_code in (404, 409) and answers[0].json()["request_id"] == "errs"
             assert without_request_id(answers[0]) == without_request_id(answers[1])
-        counted = [line for line in client.get("/metrics").text.splitlines() if line.startswith("rtserve_requests_total")
-                   and 'route="/sessions/{session_id}/segments"' in line and 'status="200"' in line]
+        counted = [line for line in client.get("/metrics").text.splitlines()
+                   if line.startswith("rtserve_requests_total") and 'route="/sessions/{session_id}/segments"' in line
+                   and 'status="200"' in line]
         assert len(counted) == 1 and 'model="rsa-tiny:1"' in counted[0]
         assert float(counted[0].rsplit(" ", 1)[1]) == 2 * len(pieces) + 1  # both ways, and the retry
 
