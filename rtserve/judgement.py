@@ -1,8 +1,8 @@
 """Blind judgement of summaries: a sheet a reader fills in, and ``rtserve judgement`` to un-blind it.
 
 ``rtserve eval <summarizer entry> --judgement-sheet FILE.json`` writes ``FILE.json``: documents with their
-candidate summaries (the model's, a lead and the reference) in a random order, labelled only A, B, C, and
-empty 1-5 scores for fluency, coherence and faithfulness. Which candidate is which goes to ``FILE.key.json``
+candidate summaries (the model's, a lead, the reference and the extractor) in a random order, labelled only A,
+B, C..., and empty 1-5 scores for fluency, coherence and faithfulness. Which candidate is which goes to ``FILE.key.json``
 alone, so the sheet can be handed to a reader (or a helper) who knows nothing of the systems. The key also
 holds a hash of every candidate, so a key is never applied to a sheet it was not written with.
 
@@ -36,7 +36,7 @@ CRITERIA = {
 }
 LOWEST, HIGHEST = 1, 5
 INSTRUCTIONS = (
-    "Read each document, then each of its candidate summaries (A, B, C; their order is random and says "
+    "Read each document, then each of its candidate summaries (labelled A, B, ...; their order is random and says "
     "nothing about where they came from). Score every candidate on each criterion with a whole number from "
     f"{LOWEST} to {HIGHEST}, replacing the null in 'scores'. Judge each candidate on its own against the "
     "document; a short candidate can score 5. 'notes' is free text. Do not try to find out which system "

@@ -124,8 +124,11 @@ class DynamicBatcher(GraphRunner):
         live = [pending for pending in batch if not pending.future.done()]  # a cancelled caller is skipped
         if not live:
             return
-        stacked = {name: np.concatenate([p.inputs[name] for p in live], axis=0) for name in live[0].inputs}
-        rows = sum(p.rows for p in live)
+        if len(live) == 1:  # a lone call runs on its own arrays and gets the outputs whole
+            stacked, rows = live[0].inputs, live[0].rows
+        else:
+            stacked = {name: np.concatenate([p.inputs[name] for p in live], axis=0) for name in live[0].inputs}
+            rows = sum(p.rows for p in live)
         self._last_rows = rows
         try:
             outputs = await self._run_batch(stacked, rows, [pending.enqueued for pending in live])
@@ -133,6 +136,10 @@ class DynamicBatcher(GraphRunner):
             for pending in live:
                 if not pending.future.done():
                     pending.future.set_exception(error)
+            return
+        if len(live) == 1:
+            if not live[0].future.done():
+                live[0].future.set_result(outputs)
             return
         offset = 0
         for pending in live:
