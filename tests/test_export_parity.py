@@ -144,9 +144,13 @@ async def test_an_fp16_summarizer_export_summarizes_on_the_cpu_provider(tmp_path
         await runner.close()
 
 
-def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(forecaster_entry, monkeypatch):
+def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(forecaster_entry, tiny_models,
+                                                                           monkeypatch):
     from export import exporter
 
+    summarizer = json.loads((tiny_models.entry("srformer-tiny") / "manifest.json").read_text())
+    decode = next(graph for graph in summarizer["graphs"] if graph["axis_masks"])
+    assert decode["intra_op_threads"] == 0  # a decode graph batches many rows that each read a whole document
     _, entry = forecaster_entry
     manifest = json.loads((entry / "manifest.json").read_text())
     step = manifest["graphs"][0]
