@@ -1,6 +1,7 @@
 """The summarize endpoint and summarization sessions, over HTTP with a real Redis."""
 
 import json
+import math
 import re
 import time
 
@@ -107,6 +108,30 @@ def test_summary_streams_as_server_sent_events_one_shot_and_session(client, deco
         assert client.post(f"{url}/segments", json={"seq": seq, "text": piece}).status_code == 200
     streamed, done = _events(client, f"{url}/finish", {"max_length": 30, "decoding": decoding})
     assert streamed == done["summary"] == plain["summary"]
+
+
+def test_free_decoding_writes_the_models_summary_length_before_it_may_end(client, repository, monkeypatch):
+    """The searches keep the end token out until the model's length (tests/test_decoding.py); here, that the
+    service gives them that length."""
+    from service.runtime import summarize
+
+    settings = json.loads((repository[0] / "srformer-tiny" / "1" / "manifest.json").read_text())["settings"]
+    built = []
+    for name in ("GreedySearch", "BeamSearch"):
+        real = getattr(summarize, name)
+
+        def spy(*args, real=real, **kwargs):
+            search = real(*args, **kwargs)
+            built.append(search)
+            return search
+
+        monkeypatch.setattr(summarize, name, spy)
+    for beams in (1, 3):
+        body = client.post("/summarize", json={"text": TEXT, "decoding": "free", "beam_size": beams}).json()
+        target = settings["summary_length"] or math.ceil(settings["summary_ratio"] * body["tokens_read"])
+        search = built.pop()
+        assert search.rows == beams and search.min_length == search.target == target > 0
+        assert body["summary_tokens"] >= target
 
 
 def test_beam_search_and_documents_without_a_visible_character_are_422(client):
