@@ -6,7 +6,8 @@ Rules, in order (a line break always ends a sentence: titles, headers and paragr
 - a sentence ends at ``.``, ``!`` or ``?`` (with any closing quotes or brackets after it) followed by white
   space and the start of a new sentence: an upper-case letter, a digit or an opening quote in cased text;
   any letter in uncased text (SumPubMed is lower-cased upstream, so case cannot mark a start);
-- not after a known abbreviation (``Mr.``, ``e.g.``, ``et al.``, months, ``U.S.``) or a single capital
+- not after a known abbreviation (``Mr.``, ``e.g.``, ``et al.``, months, ``U.S.``, a cultivar's ``cv.``, a
+  species' ``sp.`` and ``spp.``) or a single capital
   (an initial: ``J. Smith``; in uncased text any single letter: ``e. coli``);
 - BBC articles glue some sentences with no space (``stabilise.China's``, ``$360m.Under``, ``1997.They``,
   ``sales.GM``, ``Idec."Most``): in cased text a full stop after two lower-case letters or digits (or
@@ -23,7 +24,7 @@ import re
 ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof st sr jr rev gen col lt sgt capt gov sen rep mt ft no nos vs etc al fig figs eq eqs "
     "e.g i.e approx ca cf inc ltd co corp dept est vol pp ed eds jan feb mar apr jun jul aug sep sept oct "
-    "nov dec u.s u.k u.n e.u a.m p.m".split()
+    "nov dec u.s u.k u.n e.u a.m p.m cv cvs sp spp subsp ssp var resp".split()
 )
 _CLOSERS = "\"'”’)]"
 _OPENERS = "\"'“‘(["

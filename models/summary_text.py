@@ -41,9 +41,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.sentences import ENDS_SENTENCE, capitalised, sentence_spans
+from models.sentences import ENDS_SENTENCE, capitalised, is_uncased, sentence_spans
 
 MIN_SENTENCE_WORDS = 4  # shorter units (section headers, fragments) are never copied
+# In lower-cased text (scientific articles, SumPubMed) units under this many words are nearly all caption
+# lines, footnotes and author notes ("scale bar: 10 mm.", "mt performed animal experiments.") or fragments
+# left where the text's parentheses were removed upstream ("<cit> . for known disease associations.").
+MIN_UNCASED_SENTENCE_WORDS = 7
+# a unit that points the reader to a table or figure the summary does not have ("Table 2 shows ...")
+_DISPLAY_REFERENCE = re.compile(
+    r"\b(?:tables?|figures?|figs?\.|additional files?)\s*(?:<\s*dig\s*>|\d|[ivx]+\b|s\d)", re.IGNORECASE)
 
 
 def position_features(n: int) -> np.ndarray:
@@ -63,7 +70,8 @@ class DocumentText:
         truncated = len(encoding.ids) > tokens_read
         end = offsets[-1][1] if offsets else 0
         self.text = text if not truncated else text[:end]
-        spans = sentence_spans(self.text)
+        self.uncased = is_uncased(self.text)
+        spans = sentence_spans(self.text, self.uncased)
         if truncated and spans and spans[-1][1] >= end and not ENDS_SENTENCE.search(self.text[:end]):
             spans = spans[:-1]  # the reading limit cut this sentence
         self.spans = _quote_units(self.text, spans)
@@ -78,10 +86,14 @@ class DocumentText:
 
     def copyable(self, j: int) -> bool:
         """A unit a summary may copy: it ends as a sentence ends (a title or header line does not), has
-        ``MIN_SENTENCE_WORDS`` words and is not a list of names (:func:`is_name_list`)."""
+        ``MIN_SENTENCE_WORDS`` words (``MIN_UNCASED_SENTENCE_WORDS`` in lower-cased text), is not a list of
+        names (:func:`is_name_list`), does not point to a table or figure, and its brackets pair up (an
+        unpaired one is text garbled upstream: "short ) non-coding rnas")."""
         start, end = self.spans[j]
         unit = self.text[start:end]
-        return bool(ENDS_SENTENCE.search(unit)) and self.words(j) >= MIN_SENTENCE_WORDS and not is_name_list(unit)
+        shortest = MIN_UNCASED_SENTENCE_WORDS if self.uncased else MIN_SENTENCE_WORDS
+        return (bool(ENDS_SENTENCE.search(unit)) and self.words(j) >= shortest and not is_name_list(unit)
+                and not _DISPLAY_REFERENCE.search(unit) and _brackets_pair(unit))
 
     def sentence(self, j: int) -> str:
         """Sentence ``j`` as the document writes it (white space runs made one space), first letter capital."""
@@ -94,6 +106,20 @@ class DocumentText:
 
 
 _LIST_SEPARATOR = re.compile(r"[,;:]")
+
+
+def _brackets_pair(unit: str) -> bool:
+    """Whether every ``(`` and ``[`` of ``unit`` is closed after it opens."""
+    depth = {"(": 0, "[": 0}
+    closes = {")": "(", "]": "["}
+    for ch in unit:
+        if ch in depth:
+            depth[ch] += 1
+        elif ch in closes:
+            depth[closes[ch]] -= 1
+            if depth[closes[ch]] < 0:
+                return False
+    return not any(depth.values())
 
 
 def is_name_list(unit: str) -> bool:
@@ -205,9 +231,11 @@ def sentence_scores(doc: DocumentText, token_logits: np.ndarray, position_weight
 _OPENS_LEANING = frozenset(
     "he she they it his her their its him them this these those that such another both there but however also "
     "and yet so then still meanwhile instead nevertheless moreover furthermore besides thus hence therefore "
-    "further despite".split())
+    "further despite subsequently conversely additionally indeed overall likewise similarly consequently "
+    "accordingly nonetheless otherwise finally".split())
 _OPENING_PHRASES = ("for example", "for instance", "in addition", "as a result", "in contrast", "in response",
-                    "on the other hand", "at the same time")
+                    "on the other hand", "at the same time", "by contrast", "in turn", "in particular", "for this",
+                    "to this end", "to address this", "to address these", "in this way")
 _FIRST_WORDS = re.compile(r"[A-Za-z']+(?:\s+[A-Za-z']+){0,3}")
 _SPEAKS = (r"(?:said|says|added|adds|told|tells|argued|continued|warned|explained|insisted|claimed|stressed"
            r"|admitted|asked|replied|wrote)")

@@ -2,9 +2,9 @@
 
 ``rtserve eval <summarizer entry> --judgement-sheet FILE.json`` writes ``FILE.json``: documents with their
 candidate summaries (the model's, a lead, the reference and the extractor) in a random order, labelled only A,
-B, C..., and empty 1-5 scores for fluency, coherence and faithfulness. Which candidate is which goes to ``FILE.key.json``
-alone, so the sheet can be handed to a reader (or a helper) who knows nothing of the systems. The key also
-holds a hash of every candidate, so a key is never applied to a sheet it was not written with.
+B, C..., and empty 1-5 scores for fluency, coherence and faithfulness. Which candidate is which goes to
+``FILE.key.json`` alone, so the sheet can be handed to a reader (or a helper) who knows nothing of the systems.
+The key also holds a hash of every candidate, so a key is never applied to a sheet it was not written with.
 
 ``rtserve judgement score FILE.json`` reads the filled sheet and its key, refuses a sheet with a missing or
 out-of-range score (naming the item, the candidate and the criterion) and prints the mean score per system

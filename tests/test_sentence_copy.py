@@ -218,3 +218,24 @@ def test_a_list_of_names_is_not_a_copy_unit_but_a_sentence_that_lists_is():
     assert not is_name_list(listing) and not is_name_list("Smith, Jones and Brown scored, as did Green, White.")
     doc = DocumentText(f"Wales beat Italy on Sunday. {line_up} The coach was pleased with the win.", TOKENIZER, 10_000)
     assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, True]
+
+
+def test_captions_footnotes_garbled_units_and_pointers_to_tables_are_not_copied():
+    uncased = ("the enzyme was purified from petals and assayed at several ph values. scale bar: 10 mm. "
+               "short ) non-coding rnas perform many functions in the cell nucleus. table  <dig> shows the "
+               "distribution of the toxinotypes among the isolates we collected. for known disease associations. "
+               "the activity was highest at ph  <dig> in every cultivar that we tested.")
+    doc = DocumentText(uncased, TOKENIZER, 10_000)
+    assert doc.uncased
+    assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, False, False, False, True]
+    cased = ("He scored twice for Wales. Wales won (the first time since 2003. Figure 2 shows the score by half. "
+             "It rained all day long.")
+    doc = DocumentText(cased, TOKENIZER, 10_000)
+    assert not doc.uncased  # a sentence of five words is copyable in cased text
+    assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, False, True]
+
+
+def test_scientific_connectives_lean_on_the_unit_before():
+    units = ["the kinase was cloned.", "subsequently, two dehydrogenases oxidize it.", "conversely, the mutant grew.",
+             "to this end we built a vector.", "overall, the data agree.", "the assay was run at ph 7."]
+    assert leans_on(units) == [frozenset(), {0}, {1}, {2}, {3}, frozenset()]

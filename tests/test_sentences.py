@@ -31,6 +31,9 @@ def test_uncased_text_splits_before_lower_case_starts() -> None:
     assert is_uncased(text)
     assert sentences(text) == ["BACKGROUND", "the gene flow is high  <cit> .", "farmers grow gm crops, e.g. maize.",
                                "it was  <dig> % fig. 2.", "in e. coli and s. cerevisiae it was low."]
+    # a cultivar's and a species' abbreviations do not end a sentence
+    assert sentences("petals from cv. rubens were used. strains of lactobacillus spp. and bifidobacterium sp. grew.") \
+        == ["petals from cv. rubens were used.", "strains of lactobacillus spp. and bifidobacterium sp. grew."]
 
 
 def test_spans_index_the_text() -> None:
