@@ -38,6 +38,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -84,16 +85,19 @@ class DocumentText:
         self.sentence_of = np.where(inside, index, -1).astype(np.int64)  # (tokens,) -1: between sentences
         self.tokens = np.bincount(self.sentence_of[self.sentence_of >= 0], minlength=len(spans))  # per sentence
 
+    @cached_property
+    def _copyable(self) -> list[bool]:
+        shortest = MIN_UNCASED_SENTENCE_WORDS if self.uncased else MIN_SENTENCE_WORDS
+        units = [self.text[start:end] for start, end in self.spans]
+        return [bool(ENDS_SENTENCE.search(unit)) and len(unit.split()) >= shortest and not is_name_list(unit)
+                and not _DISPLAY_REFERENCE.search(unit) and _brackets_pair(unit) for unit in units]
+
     def copyable(self, j: int) -> bool:
         """A unit a summary may copy: it ends as a sentence ends (a title or header line does not), has
         ``MIN_SENTENCE_WORDS`` words (``MIN_UNCASED_SENTENCE_WORDS`` in lower-cased text), is not a list of
         names (:func:`is_name_list`), does not point to a table or figure, and its brackets pair up (an
-        unpaired one is text garbled upstream: "short ) non-coding rnas")."""
-        start, end = self.spans[j]
-        unit = self.text[start:end]
-        shortest = MIN_UNCASED_SENTENCE_WORDS if self.uncased else MIN_SENTENCE_WORDS
-        return (bool(ENDS_SENTENCE.search(unit)) and self.words(j) >= shortest and not is_name_list(unit)
-                and not _DISPLAY_REFERENCE.search(unit) and _brackets_pair(unit))
+        unpaired one is text garbled upstream: "short ) non-coding rnas"). Decided once per unit."""
+        return self._copyable[j]
 
     def sentence(self, j: int) -> str:
         """Sentence ``j`` as the document writes it (white space runs made one space), first letter capital."""
