@@ -60,8 +60,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help=f"comma-separated subset of {','.join(BACKENDS)} (torch alone: a GPU host without "
+                        "onnxruntime-gpu)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
+    backends = [name for name in args.backends.split(",") if name]
+    if unknown := sorted(set(backends) - set(BACKENDS)):
+        parser.error(f"unknown backends {unknown}; choose from {','.join(BACKENDS)}")
     torch.set_num_threads(args.threads)
     entries = [Path(p) for p in args.entries] or sorted(
         p.parent for p in Path("model_repository").glob("*/*/manifest.json")
@@ -74,7 +80,7 @@ def main() -> None:
         servable = build_servable(entry / "checkpoint")
         samples = {graph.name: [sample(graph, args.batch, seed) for seed in range(args.seeds)]
                    for graph in servable.graphs}
-        for backend in BACKENDS:
+        for backend in backends:
             reference = load_backends(entry, manifest, backend, args.threads, args.device, "fp32")
             expected = {g: [reference[g].run(inputs) for inputs in draws] for g, draws in samples.items()}
             for precision in ("fp16", "bf16"):

@@ -395,13 +395,16 @@ async def whole_session(client: Client, model: str, session: SessionInput) -> fl
 
 # ---- the step graph alone, in this process ---------------------------------------------------------
 class OfflineSteps:
-    """The RMT entry's ``step`` graph loaded here with the service's backend and thread settings."""
+    """The RMT entry's ``step`` graph loaded here with the service's backend, device, precision and thread
+    settings."""
 
-    def __init__(self, entry: Path, manifest: Mapping[str, Any], backend: str, threads: int, spinning: bool) -> None:
+    def __init__(self, entry: Path, manifest: Mapping[str, Any], model: Mapping[str, Any], threads: int,
+                 spinning: bool) -> None:
         from service.runtime.backends import load_backends
         from service.runtime.pipeline import load_initial_state
 
-        self.step = load_backends(entry, manifest, backend, threads, spinning=spinning)["step"]
+        self.step = load_backends(entry, manifest, model["backend"], threads, model.get("device", "cpu"),
+                                  model.get("precision", "fp32"), spinning=spinning)["step"]
         self.memory = load_initial_state(entry)["memory"]  # (1, m, d)
 
     def _run(self, memory: np.ndarray, segments: list[inputs.Segment]) -> np.ndarray:
@@ -724,9 +727,27 @@ def gpu_sessions(bench: Bench, model: Mapping[str, Any], count: int) -> list[Ses
                                     bench.counts.rsa_extra_pieces)
 
 
+GPU_WINDOW_SECONDS = 2.0  # NVML's energy counter moves about every 100 ms: a window of 20 such steps or more
+
+
+async def energy_window(bench: Bench, ref: str, sessions: Sequence[SessionInput],
+                        meter: EnergyMeter) -> dict[str, float]:
+    """Segments/s and J/segment of ``sessions`` served again and again for at least GPU_WINDOW_SECONDS.
+
+    The energy is read once before and once after the whole window, so the sessions' opening and closing
+    between the passes is in the joules (it is part of serving them); segments/s is over the pieces' time.
+    """
+    energy_before = meter.millijoules()
+    steps, seconds = 0, 0.0
+    while seconds < GPU_WINDOW_SECONDS:
+        run = await served_pieces(bench.client, ref, sessions)
+        steps, seconds = steps + run.steps, seconds + run.wall_seconds
+    return energy_rates(meter.millijoules() - energy_before, steps, seconds)
+
+
 async def run_gpu(bench: Bench, meter: EnergyMeter, described: list[dict[str, Any]]) -> dict[str, Any]:
     high = bench.counts.gpu_sessions
-    on_gpu = [m for m in described if "CUDAExecutionProvider" in m["providers"]]
+    on_gpu = [m for m in described if str(m.get("device", "cpu")).startswith("cuda")]
     results: dict[str, Any] = {"gpus": meter.names, "fraction_on_gpu": len(on_gpu) / len(described), "models": {}}
     for model in described:
         ref = f"{model['name']}:{model['version']}"
@@ -734,8 +755,7 @@ async def run_gpu(bench: Bench, meter: EnergyMeter, described: list[dict[str, An
         await served_pieces(bench.client, ref, sessions)  # warm-up, untimed
         row: dict[str, Any] = {"providers": model["providers"], "sessions_high": high}
         for count in (1, high):
-            runs = [await served_pieces(bench.client, ref, sessions[:count], meter) for _ in range(bench.repeats)]
-            rates = [energy_rates(r.millijoules or 0, r.steps, r.wall_seconds) for r in runs]
+            rates = [await energy_window(bench, ref, sessions[:count], meter) for _ in range(bench.repeats)]
             row[str(count)] = {key: median([rate[key] for rate in rates]) for key in rates[0]}
         row["joules_ratio"] = row[str(high)]["joules_per_segment"] / row["1"]["joules_per_segment"]
         results["models"][ref] = row
@@ -787,8 +807,8 @@ def service_settings(repository: Path) -> Any:
 
 
 def settings_in_effect(settings: Any) -> dict[str, Any]:
-    shown = ("backend", "model_backends", "workers", "intra_op_threads", "intra_op_spinning", "max_batch_size",
-             "max_queue_delay_ms", "log_level")
+    shown = ("backend", "model_backends", "device", "model_devices", "precision", "workers", "intra_op_threads",
+             "intra_op_spinning", "max_batch_size", "max_batch_size_cuda", "max_queue_delay_ms", "log_level")
     in_effect: dict[str, Any] = {name: getattr(settings, name) for name in shown}
     in_effect["engine"] = "one engine process, every front end's rows" if settings.workers > 1 else "in process"
     in_effect["redis"] = "embedded"
@@ -823,8 +843,7 @@ async def run_classify_scenarios(bench: Bench, only: Sequence[str]) -> dict[str,
     texts = inputs.hyperpartisan_texts(bench.data)
     needed = max((*bench.counts.sessions, bench.counts.e2e_sessions))
     sessions = inputs.classify_sessions(entry, manifest, texts, needed, bench.counts.pieces)
-    offline = OfflineSteps(entry, manifest, bench.models["classify"]["backend"], bench.intra_op_threads,
-                           bench.intra_op_spinning)
+    offline = OfflineSteps(entry, manifest, bench.models["classify"], bench.intra_op_threads, bench.intra_op_spinning)
     scenarios: dict[str, Any] = {}
     if "e2e" in only:
         log.info("e2e: 1 session, %d pieces x %d sessions", bench.counts.pieces, bench.counts.e2e_sessions)

@@ -65,6 +65,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         await sessions.close()
         await registry.close()
+        metrics.energy.close()
         if engine is not None:
             await engine.close()
         await store.close()

@@ -330,6 +330,7 @@ async def serve_engine(socket_path: Path) -> None:
     finally:
         server.close()
         await registry.close()
+        metrics.energy.close()
         socket_path.unlink(missing_ok=True)
 
 
