@@ -54,6 +54,38 @@ _DISPLAY_REFERENCE = re.compile(
     r"\b(?:tables?|figures?|figs?\.|additional files?)\s*(?:<\s*dig\s*>|\d|[ivx]+\b|s\d)", re.IGNORECASE)
 
 
+_LINE_BREAK = re.compile(r"\s*\n\s*")  # notes stand on lines of their own
+# a note's mark at a line's start: a number glued to its first word ("1backbone atom ...") or a letter
+# before it ("a gene name ...", "b theoretical values ...")
+_NOTE_MARK = re.compile(r"(\d{1,2})(?=[^\W\d_])|([a-h])\s")
+
+
+def note_lines(text: str) -> list[tuple[int, int]]:
+    """The spans of a text's table notes: lines that open with a note mark right after a line that opens with
+    the mark before it, or right before one with the mark after it ("1backbone ...", "2docking ..."; "a gene
+    name ...", "b theoretical ..."). Such a series is a table's footnotes, flattened into the text upstream;
+    copied, a note reads as a stray fragment with a letter or a number stuck to it."""
+    lines: list[tuple[int, int, tuple[str, int] | None]] = []
+    start = 0
+    for end, after in [(m.start(), m.end()) for m in _LINE_BREAK.finditer(text)] + [(len(text), len(text))]:
+        while start < end and text[start].isspace():
+            start += 1
+        if start < end:
+            mark = _NOTE_MARK.match(text, start)
+            lines.append((start, end, None if mark is None else (
+                ("number", int(mark.group(1))) if mark.group(1) else ("letter", ord(mark.group(2))))))
+        start = after
+    notes = []
+    for i, (start, end, mark) in enumerate(lines):
+        if mark is None:
+            continue
+        before = lines[i - 1][2] if i else None
+        after = lines[i + 1][2] if i + 1 < len(lines) else None
+        if before == (mark[0], mark[1] - 1) or after == (mark[0], mark[1] + 1):  # notes run in order
+            notes.append((start, end))
+    return notes
+
+
 def position_features(n: int) -> np.ndarray:
     """(n, 3): the position part of the sentence score, per sentence."""
     j = np.arange(n, dtype=np.float32)
@@ -88,15 +120,19 @@ class DocumentText:
     @cached_property
     def _copyable(self) -> list[bool]:
         shortest = MIN_UNCASED_SENTENCE_WORDS if self.uncased else MIN_SENTENCE_WORDS
+        notes = note_lines(self.text)
+        in_note = [any(a <= start < b for a, b in notes) for start, _ in self.spans]
         units = [self.text[start:end] for start, end in self.spans]
         return [bool(ENDS_SENTENCE.search(unit)) and len(unit.split()) >= shortest and not is_name_list(unit)
-                and not _DISPLAY_REFERENCE.search(unit) and _brackets_pair(unit) for unit in units]
+                and not _DISPLAY_REFERENCE.search(unit) and _brackets_pair(unit) and not note
+                for unit, note in zip(units, in_note, strict=True)]
 
     def copyable(self, j: int) -> bool:
         """A unit a summary may copy: it ends as a sentence ends (a title or header line does not), has
         ``MIN_SENTENCE_WORDS`` words (``MIN_UNCASED_SENTENCE_WORDS`` in lower-cased text), is not a list of
-        names (:func:`is_name_list`), does not point to a table or figure, and its brackets pair up (an
-        unpaired one is text garbled upstream: "short ) non-coding rnas"). Decided once per unit."""
+        names (:func:`is_name_list`), does not point to a table or figure, is not one of a table's notes
+        (:func:`note_lines`), and its brackets pair up (an unpaired one is text garbled upstream: "short )
+        non-coding rnas"). Decided once per unit."""
         return self._copyable[j]
 
     def sentence(self, j: int) -> str:

@@ -17,6 +17,7 @@ from models.summary_text import (
     is_name_list,
     leans_on,
     lexical_features,
+    note_lines,
     sentence_scores,
 )
 
@@ -233,6 +234,20 @@ def test_captions_footnotes_garbled_units_and_pointers_to_tables_are_not_copied(
     doc = DocumentText(cased, TOKENIZER, 10_000)
     assert not doc.uncased  # a sentence of five words is copyable in cased text
     assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, False, True]
+
+
+def test_a_tables_notes_are_not_copied_but_prose_that_opens_like_one_is():
+    text = ("the docking runs recovered the bound conformation of the receptor in most test cases.\n"
+            "1backbone atom distance between interface residues in the bound and unbound structures.\n"
+            "2docking difficulty, based on the extent of the conformational changes on binding.\n"
+            "a gene name, accession number and protein name were obtained from the proteomics server.\n"
+            "b theoretical values of pi and mw were calculated with the tool of the same server.\n"
+            "a study by an earlier group of soybean nodules showed elevated expression of the enzyme.\n"
+            "1 of the cultivars we tested showed no activity at any of the ph values we used.")
+    assert [text[a:b].split()[0] for a, b in note_lines(text)] == ["1backbone", "2docking", "a", "b"]
+    doc = DocumentText(text, TOKENIZER, 10_000)
+    # notes run in order: "a study" after note b, and a lone "1 of the", are prose
+    assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, False, False, False, True, True]
 
 
 def test_scientific_connectives_lean_on_the_unit_before():
