@@ -276,6 +276,9 @@ _OPENS_LEANING = frozenset(
 _OPENING_PHRASES = ("for example", "for instance", "in addition", "as a result", "in contrast", "in response",
                     "on the other hand", "at the same time", "by contrast", "in turn", "in particular", "for this",
                     "to this end", "to address this", "to address these", "in this way")
+# a demonstrative before a noun anywhere in the unit ("... the virulence of these recombinants") points back
+# like an opening one ("study" excepted: "these studies" of a review, "this study" of the article itself)
+_POINTS_BACK = re.compile(r"(?<!^)\b(?:these|those)\s+(?!stud(?:y|ies)\b)[^\W\d_]{3,}", re.IGNORECASE)
 _FIRST_WORDS = re.compile(r"[A-Za-z']+(?:\s+[A-Za-z']+){0,3}")
 _SPEAKS = (r"(?:said|says|added|adds|told|tells|argued|continued|warned|explained|insisted|claimed|stressed"
            r"|admitted|asked|replied|wrote)")
@@ -313,7 +316,7 @@ def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
     for j, unit in enumerate(units):
         needs: set[int] = set()
         quotation = _OPENING_QUOTE.match(unit)  # its first word is the speaker's, not the narrator's
-        if j and ((not quotation and _opens_leaning(unit))
+        if j and ((not quotation and (_opens_leaning(unit) or _POINTS_BACK.search(unit)))
                   or (_PRONOUN_SPEAKS.search(unit) and not _TITLED_NAME.search(unit))
                   or (quotation and not _SPEAKER.search(unit))):
             needs.add(j - 1)

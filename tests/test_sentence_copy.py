@@ -254,3 +254,11 @@ def test_scientific_connectives_lean_on_the_unit_before():
     units = ["the kinase was cloned.", "subsequently, two dehydrogenases oxidize it.", "conversely, the mutant grew.",
              "to this end we built a vector.", "overall, the data agree.", "the assay was run at ph 7."]
     assert leans_on(units) == [frozenset(), {0}, {1}, {2}, {3}, frozenset()]
+
+
+def test_a_demonstrative_before_a_noun_anywhere_in_a_unit_leans_on_the_unit_before():
+    units = ["two isolates were recombinant.", "an animal model will test the virulence of these recombinants.",
+             "we compared these studies with ours.", "Investors in these two firms sold shares.",
+             "the yield of those strains was low.", "the assay was run at ph 7."]
+    # "these studies" (a review's, or the article's own) do not point back
+    assert leans_on(units) == [frozenset(), {0}, frozenset(), {2}, {3}, frozenset()]
