@@ -28,6 +28,7 @@ from service.sessions import (
     SessionNotFound,
     SessionStore,
     piece_digest,
+    same_piece,
 )
 
 
@@ -71,7 +72,7 @@ class SessionFlow:
                 model = self.model_of(meta)
                 piece = self._piece(model, meta, text, rows)
                 digest = piece_digest(piece)
-                replay = self._check_sequence(meta, seq, digest, last_result)
+                replay = self._check_sequence(meta, seq, digest, piece, last_result)
                 if replay is not None:
                     return replay
                 if token is None:  # another request is applying this session's next piece right now
@@ -93,7 +94,7 @@ class SessionFlow:
             if outcome == -2:
                 raise SessionFinished(f"session {session_id} is finished; start a new session")
         meta, _, last_result, _ = await self.sessions.snapshot(session_id, owner)
-        replay = self._check_sequence(meta, seq, digest, last_result)
+        replay = self._check_sequence(meta, seq, digest, piece, last_result)
         if replay is not None:
             return replay
         raise SequenceConflict(f"piece {seq} could not be applied, try again", expected=meta.seq + 1)
@@ -109,12 +110,13 @@ class SessionFlow:
         return piece
 
     def _check_sequence(
-        self, meta: SessionMeta, seq: int, digest: str, last_result: dict[str, Any] | None
+        self, meta: SessionMeta, seq: int, digest: str, piece: Any, last_result: dict[str, Any] | None
     ) -> Applied | None:
-        if meta.status == "finished" and not (seq == meta.seq and seq > 0 and digest == meta.piece_sha):
+        retried = seq == meta.seq and seq > 0 and same_piece(meta.piece_sha, digest, piece)
+        if meta.status == "finished" and not retried:
             raise SessionFinished(f"session {meta.id} is finished; start a new session")
         if seq == meta.seq and seq > 0:  # a retry; after finish its stored result is the final one
-            if digest != meta.piece_sha:
+            if not retried:
                 raise SequenceConflict(
                     f"piece {seq} was already applied with different content; send piece {meta.seq + 1} next",
                     expected=meta.seq + 1,
