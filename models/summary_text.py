@@ -300,7 +300,7 @@ def _opens_leaning(unit: str) -> bool:
 
 
 def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
-    """Per unit, the earlier units a reader needs to understand it (a reader takes a summary sentence that
+    """Per unit, the other units a reader needs to understand it (a reader takes a summary sentence that
     leans on a sentence left out for a non sequitur, or a quote for the wrong speaker's):
 
     - the unit before, when it opens with a pronoun, a demonstrative or a connective ("He", "These", "But",
@@ -308,7 +308,10 @@ def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
       (news style gives a run of quoted paragraphs the speaker of the first);
     - the unit that introduced a name it uses alone: a surname after a title ("Mr Kim") or a capitalised word
       never preceded by another one here ("Faraj continued"), whose first appearance as the second of two
-      capitalised words ("Mustafa Faraj", "James Hardie") was in an earlier unit.
+      capitalised words ("Mustafa Faraj", "James Hardie") was in an earlier unit;
+    - the unit after, when it ends inside a quotation that the unit after carries on (news style runs a
+      quotation over paragraphs, reopening it in each and closing it in the last): copied alone, the
+      quotation would never close.
 
     Lower-cased text (SumPubMed's) has no names to follow; its connectives still count."""
     introduced: dict[str, int] = {}
@@ -325,6 +328,8 @@ def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
         needs.update(introduced[name] for name in alone if name in introduced)
         for name in seconds:
             introduced.setdefault(name, j)
+        if j + 1 < len(units) and _open_quote(unit) and _OPENING_QUOTE.match(units[j + 1]):
+            needs.add(j + 1)
         out.append(frozenset(needs))
     return out
 

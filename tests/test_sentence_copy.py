@@ -145,6 +145,21 @@ def test_a_unit_that_leans_on_another_brings_it_and_a_repeat_is_passed_over():
     assert choose_sentences(titled, np.array([9.0, 0.0, 1.0]), int(titled.tokens[1])) == [1]
 
 
+def test_a_quotation_run_over_lines_is_copied_to_its_close():
+    text = ('The committee reported on Monday.\n'
+            'Its chairman said: "Each death in custody is one too many.\n'
+            '"Yet we have seen vulnerable people enter custody time and again."\n'
+            'The committee also highlighted cases of children.')
+    doc = DocumentText(text, TOKENIZER, 10_000)
+    units = [doc.text[a:b] for a, b in doc.spans]
+    assert len(units) == 4
+    assert leans_on(units) == [set(), {0, 2}, {1}, set()]  # the opening line needs the line that closes its quote
+    scores = np.array([0.0, 9.0, -5.0, 1.0])  # the closing line scores lowest: it comes with the opening one
+    assert choose_sentences(doc, scores, int(doc.tokens[:3].sum())) == [0, 1, 2]
+    fits_one_line = int(doc.tokens[:2].sum()) + 2  # the run does not fit under the limit: never cut
+    assert choose_sentences(doc, scores, fits_one_line, limit_tokens=fits_one_line) == [0, 3]
+
+
 def test_searches_end_at_the_first_sentence_end_past_the_target():
     vocab = np.array([5, 6, 7, 102], dtype=np.int64)  # 7 ends a sentence, 102 is eos
     steps = {0: 0, 1: 2, 2: 0, 3: 2}  # the best column per step: word, end, word, end
