@@ -345,14 +345,18 @@ def _content_words(unit: str) -> frozenset[str]:
 
 
 def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
-                     limit_tokens: int | None = None) -> list[int]:
+                     limit_tokens: int | None = None, adjacency: float = 0.0) -> list[int]:
     """The units to copy, in document order.
 
     The document's first copy unit opens the summary (it introduces the story), then the others by score.
     A unit is taken together with what it leans on (:func:`leans_on`, followed through; a title or header it
     leans on is never copied) that is not taken yet, when that group brings the summary's token count nearer
     ``target_tokens`` (never past ``limit_tokens``), until the target is reached. A group that repeats a unit
-    already taken (``REPEATS``) is passed over."""
+    already taken (``REPEATS``) is passed over.
+
+    ``adjacency`` > 0 ranks a unit next to one already taken as if it scored ``adjacency`` standard deviations
+    of the document's scores more, so the summary runs in longer stretches of the document: fewer jumps
+    between topics, at some cost in ROUGE (a model's choice, ``extras.decode.adjacency``)."""
     order = [int(j) for j in np.argsort(-scores, kind="stable") if np.isfinite(scores[j]) and doc.copyable(int(j))]
     if order:
         order.insert(0, order.pop(order.index(min(order))))
@@ -362,9 +366,17 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
     words = [_content_words(unit) for unit in units]
     chosen: set[int] = set()
     total = 0
-    for j in order:
+    finite = np.isfinite(scores)
+    bonus = adjacency * float(np.std(scores[finite])) if adjacency and finite.sum() > 1 else 0.0
+    pending = list(order)
+    while pending:
         if total >= target_tokens:
             break
+        pick = 0
+        if bonus and chosen:
+            keyed = [float(scores[k]) + bonus * ((k - 1 in chosen) or (k + 1 in chosen)) for k in pending]
+            pick = int(np.argmax(keyed))
+        j = pending.pop(pick)
         group, waiting = set(), [j]
         while waiting:
             k = waiting.pop()
@@ -389,13 +401,15 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
 
 def copy_sentences(text: str, tokenizer: object, token_logits: np.ndarray, tokens_read: int,
                    position_weights: Sequence[float], target_tokens: int,
-                   max_length: int | None = None, lexicon: Lexicon | None = None) -> list[tuple[str, int]]:
+                   max_length: int | None = None, lexicon: Lexicon | None = None,
+                   adjacency: float = 0.0) -> list[tuple[str, int]]:
     """Sentence copy of a document: the chosen sentences as the document writes them, with their token
-    counts, in the document's order (``max_length`` caps the tokens; it also caps the target)."""
+    counts, in the document's order (``max_length`` caps the tokens; it also caps the target; ``adjacency``:
+    :func:`choose_sentences`)."""
     doc = DocumentText(text, tokenizer, tokens_read)
     scores = sentence_scores(doc, np.asarray(token_logits)[:tokens_read], position_weights, lexicon)
     target = min(target_tokens, max_length) if max_length else target_tokens
-    chosen = choose_sentences(doc, scores, target, max_length or None)
+    chosen = choose_sentences(doc, scores, target, max_length or None, adjacency)
     return [(doc.sentence(j), int(doc.tokens[j])) for j in chosen]
 
 

@@ -160,6 +160,17 @@ def test_a_quotation_run_over_lines_is_copied_to_its_close():
     assert choose_sentences(doc, scores, fits_one_line, limit_tokens=fits_one_line) == [0, 3]
 
 
+def test_adjacency_ranks_a_unit_next_to_one_taken_above_a_better_scored_one_apart():
+    text = ("The first unit opens the summary here. The second unit follows the first one closely. "
+            "A third unit sits in the middle of the text. The fourth unit stands far from the opening.")
+    doc = DocumentText(text, TOKENIZER, 10_000)
+    scores = np.array([0.0, 1.0, -1.0, 2.0])
+    target = int(doc.tokens[0] + doc.tokens[1])
+    assert choose_sentences(doc, scores, target) == [0, 3]  # by score alone
+    assert choose_sentences(doc, scores, target, adjacency=0.1) == [0, 3]  # a small pull does not beat 1 point
+    assert choose_sentences(doc, scores, target, adjacency=1.0) == [0, 1]  # a standard deviation (1.12) of pull does
+
+
 def test_searches_end_at_the_first_sentence_end_past_the_target():
     vocab = np.array([5, 6, 7, 102], dtype=np.int64)  # 7 ends a sentence, 102 is eos
     steps = {0: 0, 1: 2, 2: 0, 3: 2}  # the best column per step: word, end, word, end

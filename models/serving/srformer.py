@@ -232,6 +232,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
             "salience_lexical": list(lexicon.weights) if lexicon else None,  # q; v and idf: assets["lexicon"]
             "beam_size": int(decode_defaults.get("beams", 1) or 1),
             "no_repeat_ngram": int(decode_defaults.get("no_repeat_ngram", 0) or 0),
+            "copy_adjacency": float(decode_defaults.get("adjacency", 0.0) or 0.0),  # sentence copy's choice
             "metrics": extras.get("test_rouge", extras.get("metrics", {})),
         },
         assets={"tokenizer": tokenizer_file()},
@@ -285,8 +286,10 @@ class EagerSummarizer:
     model's own search: the same stream the service wraps (``models/summary_stream.py``), so training's
     ``rtserve eval --stream`` and the tests read documents exactly as a session does."""
 
-    def __init__(self, model: SRformer, encoder: nn.Module, tokenizer: object) -> None:
+    def __init__(self, model: SRformer, encoder: nn.Module, tokenizer: object, adjacency: float = 0.0) -> None:
+        """``adjacency``: sentence copy's (:func:`models.summary_text.choose_sentences`)."""
         self.model = model.eval()
+        self.adjacency = adjacency
         self.encode_window = EncodeWindow(self.model, encoder.eval())
         self.tokenizer = tokenizer
         self.stream = SummaryStream(stream_settings(model.config), tokenizer)
@@ -350,7 +353,7 @@ class EagerSummarizer:
             assert salience is not None and self.model.salience_position is not None, "no salience head"
             target = c.summary_length or max(1, math.ceil(c.summary_ratio * read))
             sentences = copy_sentences(text, self.tokenizer, salience, read, self.model.salience_position.tolist(),
-                                       target, max_len, self.model.lexicon())
+                                       target, max_len, self.model.lexicon(), self.adjacency)
             return " ".join(sentence for sentence, _ in sentences)
         layers = [{kind: torch.from_numpy(memory[f"{kind}{layer}"]) for kind in ("k", "v", "kv", "ksq")}
                   for layer in range(c.n_layer)]

@@ -69,6 +69,7 @@ class SummarizePipeline(TextPipeline):
         self.stream = SummaryStream(s, self.tokenizer)
         self.position_weights = s.get("salience_position")  # None: no salience head, no sentence copy
         self.lexicon = load_lexicon(entry, manifest)
+        self.copy_adjacency = float(s.get("copy_adjacency") or 0.0)
         self.default_decoding = str(s.get("decoding") or ("sentence" if self.position_weights else "free"))
 
     # ---- reading the document ------------------------------------------------------------------
@@ -153,7 +154,8 @@ class SummarizePipeline(TextPipeline):
     def _copy_sentences(self, text: str, salience: np.ndarray, read: int,
                         max_length: int | None) -> list[tuple[str, int]]:
         return copy_sentences(text, self.tokenizer, salience, read, self.position_weights,
-                              self.stream.summary_tokens(read), int(max_length) if max_length else None, self.lexicon)
+                              self.stream.summary_tokens(read), int(max_length) if max_length else None, self.lexicon,
+                              self.copy_adjacency)
 
     async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int, result: dict[str, Any],
                       known: frozenset[tuple[int, ...]] | None, case: DocumentCase) -> AsyncIterator[str]:
