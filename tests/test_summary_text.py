@@ -128,6 +128,8 @@ def test_the_export_writes_the_measured_scores_into_the_manifest(news_repository
     manifest = json.loads((news_repository / "srformer-news" / "1" / "manifest.json").read_text())
     measured = json.loads((WEIGHTS / "metrics.json").read_text())["test"]
     assert manifest["settings"]["metrics"]["test"] == measured
+    decode = json.loads((WEIGHTS / "config.json").read_text())["extras"]["decode"]
+    assert manifest["settings"]["copy_adjacency"] == decode.get("adjacency", 0.0)  # sentence copy's, as chosen
     for folder in sorted(ROOT.joinpath("weights").glob("*/config.json")):  # every shipped model has its scores
         extras = json.loads(folder.read_text())["extras"]
         assert extras.get("metrics") or (folder.parent / "metrics.json").exists(), folder.parent.name
