@@ -49,9 +49,13 @@ MIN_SENTENCE_WORDS = 4  # shorter units (section headers, fragments) are never c
 # lines, footnotes and author notes ("scale bar: 10 mm.", "mt performed animal experiments.") or fragments
 # left where the text's parentheses were removed upstream ("<cit> . for known disease associations.").
 MIN_UNCASED_SENTENCE_WORDS = 7
-# a unit that points the reader to a table or figure the summary does not have ("Table 2 shows ...")
+# a unit that points the reader to a table or figure the summary does not have ("Table 2 shows ..."), or
+# ends by saying that something is shown, without where: a caption or legend ("data from three independent
+# productions are shown.")
 _DISPLAY_REFERENCE = re.compile(
-    r"\b(?:tables?|figures?|figs?\.|additional files?)\s*(?:<\s*dig\s*>|\d|[ivx]+\b|s\d)", re.IGNORECASE)
+    r"\b(?:tables?|figures?|figs?\.|additional files?)\s*(?:<\s*dig\s*>|\d|[ivx]+\b|s\d)"
+    r"|\b(?:is|are)\s+(?:shown|depicted|illustrated|displayed|listed|summari[sz]ed|presented)\s*[.:]?\s*$",
+    re.IGNORECASE)
 
 
 _LINE_BREAK = re.compile(r"\s*\n\s*")  # notes stand on lines of their own
