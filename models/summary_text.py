@@ -90,6 +90,12 @@ def note_lines(text: str) -> list[tuple[int, int]]:
     return notes
 
 
+# a unit that ends in two or more "abbreviation, meaning" pairs: a legend's key ("cnv, copy-number variation;
+# herv, human endogenous retrovirus.", "df, degrees of freedom; ms, mean square.")
+_KEY = r"(?!(?:hence|thus|rather|while|first|second|third|and|or|but|so|yet)\b)[^\s,;]{1,6}"
+_LEGEND_KEY = re.compile(rf"(?:^|[\s:])(?:{_KEY},\s[^,;.]+;\s*)+{_KEY},\s[^,;.]+\.\s*$", re.IGNORECASE)
+
+
 def position_features(n: int) -> np.ndarray:
     """(n, 3): the position part of the sentence score, per sentence."""
     j = np.arange(n, dtype=np.float32)
@@ -128,15 +134,16 @@ class DocumentText:
         in_note = [any(a <= start < b for a, b in notes) for start, _ in self.spans]
         units = [self.text[start:end] for start, end in self.spans]
         return [bool(ENDS_SENTENCE.search(unit)) and len(unit.split()) >= shortest and not is_name_list(unit)
-                and not _DISPLAY_REFERENCE.search(unit) and _brackets_pair(unit) and not note
+                and not _DISPLAY_REFERENCE.search(unit) and not _LEGEND_KEY.search(unit) and _brackets_pair(unit)
+                and not note
                 for unit, note in zip(units, in_note, strict=True)]
 
     def copyable(self, j: int) -> bool:
         """A unit a summary may copy: it ends as a sentence ends (a title or header line does not), has
         ``MIN_SENTENCE_WORDS`` words (``MIN_UNCASED_SENTENCE_WORDS`` in lower-cased text), is not a list of
         names (:func:`is_name_list`), does not point to a table or figure, is not one of a table's notes
-        (:func:`note_lines`), and its brackets pair up (an unpaired one is text garbled upstream: "short )
-        non-coding rnas"). Decided once per unit."""
+        (:func:`note_lines`) or a legend's key of abbreviations, and its brackets pair up (an unpaired one is
+        text garbled upstream: "short ) non-coding rnas"). Decided once per unit."""
         return self._copyable[j]
 
     def sentence(self, j: int) -> str:

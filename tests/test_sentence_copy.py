@@ -265,6 +265,10 @@ def test_captions_footnotes_garbled_units_and_pointers_to_tables_are_not_copied(
               "the strain was shown.")  # the past tense tells what happened, not where to look
     doc = DocumentText(legend, TOKENIZER, 10_000)
     assert [doc.copyable(j) for j in range(len(doc.spans))] == [False, True, True]
+    keys = ("cnv, copy-number variation; herv, human endogenous retrovirus; ltr, long tandem repeat. the "
+            "reads were mapped in pairs; however, the unpaired reads were kept for the second pass of the run.")
+    doc = DocumentText(keys, TOKENIZER, 10_000)  # a legend's key of abbreviations; a sentence with a semicolon
+    assert [doc.copyable(j) for j in range(len(doc.spans))] == [False, True]
 
 
 def test_a_tables_notes_are_not_copied_but_prose_that_opens_like_one_is():
