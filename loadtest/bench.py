@@ -332,7 +332,6 @@ class PiecesRun:
     piece_seconds: list[float]
     steps: int
     client_cpu_seconds: float
-    millijoules: int | None = None
 
 
 async def open_session(client: Client, model: str) -> str:
@@ -360,8 +359,7 @@ async def send_pieces(client: Client, session_id: str, session: SessionInput) ->
 
 
 async def served_pieces(
-    client: Client, model: str, sessions: Sequence[SessionInput], meter: EnergyMeter | None = None,
-    metrics: Samples | None = None,
+    client: Client, model: str, sessions: Sequence[SessionInput], metrics: Samples | None = None,
 ) -> PiecesRun:
     """Open every session, send all their pieces concurrently (timed), then finish and delete them.
 
@@ -370,16 +368,14 @@ async def served_pieces(
     """
     ids = await asyncio.gather(*(open_session(client, model) for _ in sessions))
     before = await client.metrics() if metrics is not None else {}
-    energy_before = meter.millijoules() if meter else 0
     cpu_before, started = time.process_time(), time.perf_counter()
     latencies = await asyncio.gather(*(send_pieces(client, i, s) for i, s in zip(ids, sessions, strict=True)))
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_before
-    millijoules = meter.millijoules() - energy_before if meter else None
     if metrics is not None:
         add_delta(metrics, metric_delta(before, await client.metrics()))
     await asyncio.gather(*(close_session(client, session_id) for session_id in ids))
     flat = [seconds for per_session in latencies for seconds in per_session]
-    return PiecesRun(wall, flat, len(flat), cpu, millijoules)
+    return PiecesRun(wall, flat, len(flat), cpu)
 
 
 async def whole_session(client: Client, model: str, session: SessionInput) -> float:

@@ -286,10 +286,8 @@ class EagerSummarizer:
     model's own search: the same stream the service wraps (``models/summary_stream.py``), so training's
     ``rtserve eval --stream`` and the tests read documents exactly as a session does."""
 
-    def __init__(self, model: SRformer, encoder: nn.Module, tokenizer: object, adjacency: float = 0.0) -> None:
-        """``adjacency``: sentence copy's (:func:`models.summary_text.choose_sentences`)."""
+    def __init__(self, model: SRformer, encoder: nn.Module, tokenizer: object) -> None:
         self.model = model.eval()
-        self.adjacency = adjacency
         self.encode_window = EncodeWindow(self.model, encoder.eval())
         self.tokenizer = tokenizer
         self.stream = SummaryStream(stream_settings(model.config), tokenizer)
@@ -338,8 +336,9 @@ class EagerSummarizer:
         return (memory, source_ids, *self.stream.document(chunks))
 
     def summarize_pieces(self, pieces: list[str], beams: int = 1, no_repeat_ngram: int = 0,
-                         max_len: int | None = None, decoding: str | None = None) -> str:
-        """The summary the service writes for these pieces (``decoding``: the model's default when None)."""
+                         max_len: int | None = None, decoding: str | None = None, adjacency: float = 0.0) -> str:
+        """The summary the service writes for these pieces (``decoding``: the model's default when None;
+        ``adjacency``: sentence copy's, :func:`models.summary_text.choose_sentences`)."""
         state, chunks = self.init_state(), []
         for piece in pieces:
             state, chunk = self.feed(state, piece)
@@ -353,7 +352,7 @@ class EagerSummarizer:
             assert salience is not None and self.model.salience_position is not None, "no salience head"
             target = c.summary_length or max(1, math.ceil(c.summary_ratio * read))
             sentences = copy_sentences(text, self.tokenizer, salience, read, self.model.salience_position.tolist(),
-                                       target, max_len, self.model.lexicon(), self.adjacency)
+                                       target, max_len, self.model.lexicon(), adjacency)
             return " ".join(sentence for sentence, _ in sentences)
         layers = [{kind: torch.from_numpy(memory[f"{kind}{layer}"]) for kind in ("k", "v", "kv", "ksq")}
                   for layer in range(c.n_layer)]
