@@ -54,7 +54,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = EngineClient(settings.engine_socket) if settings.engine_socket else None
     if engine is not None:  # a front end: the engine process loads and runs the graphs
         await engine.connect()
-    registry = ModelRegistry(settings, metrics, engine)
+    shutdown: Shutdown = app.state.shutdown
+    registry = ModelRegistry(settings, metrics, engine, alone=lambda: shutdown.requests_in_flight == 1)
     app.state.store = store
     app.state.registry = registry
     sessions = SessionStore(store, settings, metrics)

@@ -71,6 +71,11 @@ class Shutdown:
             cut.reschedule(self._cut_at)
         stop_accepting()
 
+    @property
+    def requests_in_flight(self) -> int:
+        """Requests of this app that have not ended (each runs in :meth:`cut_off`)."""
+        return len(self._running)
+
     @asynccontextmanager
     async def cut_off(self) -> AsyncIterator[asyncio.Timeout]:
         """A scope cancelled when the grace ends (never, while the service is not shutting down)."""

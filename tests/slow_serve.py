@@ -3,7 +3,9 @@
     python -m tests.slow_serve SECONDS --port PORT      (settings from the RTSERVE_* variables, as `rtserve serve`)
 
 Every batch a graph runs (a forecast step, an encoder window, one decode step) first waits SECONDS on the event
-loop: the service answers everything else as usual, only model work takes longer. One process (no workers).
+loop: the service answers everything else as usual, only model work takes longer. Every call goes through its
+runner's worker (a light graph's lone call would otherwise run on the loop, past the wait). One process (no
+workers).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import asyncio
 from typing import Any
 
+from service.runtime.batcher import DynamicBatcher
 from service.runtime.graph_runner import GraphRunner
 from service.server import run
 
@@ -28,6 +31,13 @@ def main() -> None:
         return await run_batch(self, *batch, **options)
 
     GraphRunner._run_batch = slow_run_batch  # type: ignore[method-assign]
+    batcher_init = DynamicBatcher.__init__
+
+    def through_the_worker(self: DynamicBatcher, *options: Any, **named: Any) -> None:
+        batcher_init(self, *options, **named)
+        self.alone = None
+
+    DynamicBatcher.__init__ = through_the_worker  # type: ignore[method-assign]
     run(port=args.port)
 
 

@@ -175,3 +175,61 @@ async def test_the_queue_delay_waits_only_for_company_the_last_batch_promises():
     assert backend.calls == [4, 4]  # the first waited for the three that the last batch promised
     assert time.perf_counter() - started < 0.25  # ... and not the whole delay: they came
     await batcher.close()
+
+
+async def test_a_light_graphs_lone_request_runs_on_the_event_loop_and_is_recorded():
+    backend = RecordingBackend()
+    metrics = ServiceMetrics(collect_gpu=False)
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.05, metrics=metrics,
+                             alone=lambda: True)
+    x = np.random.default_rng().standard_normal((1, 4, 3)).astype(np.float32)
+    out = await batcher.submit({"x": x})
+    np.testing.assert_allclose(out["y"], x @ backend.weight, rtol=1e-6)
+    assert backend.threads == {threading.current_thread().name}  # the loop's own thread
+    samples = {s.name: s.value for s in metrics.batch_size.collect()[0].samples if s.labels.get("model") == "m"}
+    assert samples["rtserve_batch_size_count"] == 1 and samples["rtserve_batch_size_sum"] == 1
+    await batcher.close()
+
+
+async def test_with_other_requests_in_flight_calls_still_form_batches():
+    backend = RecordingBackend()
+    in_flight = {"requests": 8}
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.05,
+                             alone=lambda: in_flight["requests"] == 1)
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal((1, 4, 3)).astype(np.float32) for _ in range(8)]
+    await asyncio.gather(*(batcher.submit({"x": x}) for x in inputs))
+    assert backend.calls == [8] and threading.main_thread().name not in backend.threads
+    in_flight["requests"] = 1  # alone now, but promised company by the batch of 8: the queue, as before
+    await batcher.submit({"x": inputs[0]})
+    assert backend.calls == [8, 1] and threading.main_thread().name not in backend.threads
+    await batcher.submit({"x": inputs[0]})  # after a batch of one, nothing promised: on the loop
+    assert backend.calls == [8, 1, 1] and threading.main_thread().name in backend.threads
+    await batcher.close()
+
+
+async def test_a_lone_request_waits_for_a_running_batch_instead_of_running_beside_it():
+    release = threading.Event()
+
+    class SlowBackend(RecordingBackend):
+        def run(self, inputs, keep=()):
+            if inputs["x"].shape[0] == 2:
+                release.wait(5)
+            return super().run(inputs, keep)
+
+    backend = SlowBackend()
+    alone = {"value": False}
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.0,
+                             alone=lambda: alone["value"])
+    x = np.ones((1, 4, 3), np.float32)
+    first = asyncio.gather(batcher.submit({"x": x}), batcher.submit({"x": x}))
+    await asyncio.sleep(0.05)  # the batch of two runs on the worker's thread
+    alone["value"] = True
+    late = asyncio.ensure_future(batcher.submit({"x": x}))
+    await asyncio.sleep(0.05)
+    assert backend.calls == [] and not late.done()  # the batch of two still runs; the late call queues behind it
+    release.set()
+    await first
+    await late
+    assert backend.calls == [2, 1]
+    await batcher.close()

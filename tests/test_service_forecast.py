@@ -177,3 +177,31 @@ def test_intra_op_threads_setting_reaches_onnx_runtime(repository):
     model = load_model(entry, "onnx", Settings(intra_op_threads=1))
     (runner,) = (batcher.backend for batcher in model.batchers.values())
     assert runner.session.get_session_options().intra_op_num_threads == 1
+
+
+def test_a_lone_piece_of_a_light_graph_runs_on_the_event_loop_and_concurrent_ones_are_batched(repository, redis_url,
+                                                                                              key_prefix):
+    """The tiny forecaster's step is light (its export measured it; ``intra_op_threads`` 1 in its manifest): a piece
+    that is the service's only request runs it on the event loop; concurrent requests still share batches."""
+    import threading
+
+    with make_client(repository[0], redis_url, key_prefix) as client:
+        model = client.app.state.registry.models["rsa-tiny:1"]
+        assert model.manifest["graphs"][0]["intra_op_threads"] == 1
+        batcher = model.batchers["step"]
+        threads: list[str] = []
+        run = batcher.backend.run
+
+        def recording_run(inputs, keep=()):
+            threads.append(threading.current_thread().name)
+            return run(inputs, keep)
+
+        batcher.backend.run = recording_run
+        session = _open(client)
+        rows = series(np.random.default_rng(), 40)
+        assert client.post(f"/sessions/{session['id']}/segments", json={"seq": 1, "rows": rows}).status_code == 200
+        assert len(threads) == 1 and not threads[0].startswith("rsa-tiny:1-step")  # not the worker's thread
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            answers = list(pool.map(lambda _: client.post("/forecast", json={"rows": rows}), range(16)))
+        assert all(answer.status_code == 200 for answer in answers)
+        assert len(threads) < 17, "concurrent requests each ran alone"

@@ -19,7 +19,13 @@ Only calls whose inputs agree on every non-batch axis and dtype are stacked
 (a chunk of 5 rows and one of 9 go in separate calls); graphs whose inputs
 differ in length use :mod:`service.runtime.decode_loop` instead, which pads
 and masks. The backend runs on a worker thread: the event loop never blocks
-on model execution.
+on a batch. One exception, for a *light* graph (one that a single thread runs
+at batch 1 in under a millisecond, as its export measured): the call of a
+request that is the process's only one in flight (``alone``), finding nothing
+queued, nothing running and no company promised, runs on the event loop at
+once, as the policy would have run it, since the hops to the worker's thread
+and back cost more CPU than the step itself. With other requests in flight
+every call goes through the queue, so that theirs can join it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,11 +69,16 @@ class DynamicBatcher(GraphRunner):
         max_queue_delay_seconds: float,
         metrics: ServiceMetrics | None = None,
         policy: BatchingPolicy | None = None,
+        alone: Callable[[], bool] | None = None,
     ) -> None:
+        """``alone``: for a light graph, whether the caller's request is the only one in flight; its call then
+        runs on the event loop (the module's docstring). None: every call goes through the worker."""
         super().__init__(backend, model, graph, max_batch_size, metrics)
         self.policy: BatchingPolicy = policy or ContinuousBatching(max_queue_delay_seconds)
+        self.alone = alone
         self._queue: deque[_Pending] = deque()
         self._last_rows = 0  # rows of the previous batch: how much company to expect
+        self._running = False  # a batch taken from the queue has not finished
 
     async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one step (batch axis 0, usually of size 1) as part of a batch; returns its own rows."""
@@ -77,6 +88,11 @@ class DynamicBatcher(GraphRunner):
         if len(rows) != 1:
             raise ValueError(f"inputs disagree on the batch axis: { {k: v.shape for k, v in arrays.items()} }")
         pending = _Pending(arrays, rows.pop(), signature(arrays), asyncio.get_running_loop().create_future())
+        if (self.alone is not None and not self._queue and not self._running and self.alone()
+                and self.policy.run_at((pending,), self._last_rows, self.max_batch_size) <= time.perf_counter()):
+            # no one to batch with, and the policy runs it at once: on the loop, without the worker and its thread
+            self._last_rows = pending.rows
+            return self._run_on_loop(arrays, pending.rows)
         self._queue.append(pending)
         self._wakeup.set()
         return await pending.future
@@ -105,11 +121,14 @@ class DynamicBatcher(GraphRunner):
                 for pending in batch:
                     self._queue.remove(pending)
                 # 4) Run it and hand every caller its own rows.
+                self._running = True
                 await self._execute(batch)
             except Exception as error:  # a fault here must fail its callers, never strand them
                 for pending in batch:
                     if not pending.future.done():
                         pending.future.set_exception(error)
+            finally:
+                self._running = False
 
     async def _wait_until_ready(self) -> None:
         while (remaining := self.policy.run_at(self._queue, self._last_rows, self.max_batch_size)

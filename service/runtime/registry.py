@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,9 +117,11 @@ def load_model(
     name: str | None = None,
     version: str | None = None,
     engine: EngineClient | None = None,
+    alone: Callable[[], bool] | None = None,
 ) -> LoadedModel:
     """One repository entry, ready to serve: backends, a batcher per graph, its family's pipeline. With ``engine``
-    (a front end), no graph is loaded: each runner is a stand-in that sends its calls to the engine."""
+    (a front end), no graph is loaded: each runner is a stand-in that sends its calls to the engine. ``alone``:
+    whether a caller's request is the only one in flight in this process (:mod:`service.runtime.batcher`)."""
     manifest = json.loads((entry / "manifest.json").read_text())
     name, version = name or manifest["name"], version or manifest["version"]
     record = family(manifest["family"])
@@ -140,8 +142,11 @@ def load_model(
         if is_decode_graph(graph):  # autoregressive: searches of many documents share every step
             runners[graph["name"]] = DecodeLoop(runner, ref, graph, max_batch_size, metrics, policy)
         else:
+            # a light graph (its export's measure, on a CPU): a lone request's call may run on the event loop
+            light = backend == "onnx" and device == "cpu" and int(graph.get("intra_op_threads", 0)) == 1
             runners[graph["name"]] = DynamicBatcher(
-                runner, ref, graph["name"], max_batch_size, policy.max_queue_delay, metrics, policy
+                runner, ref, graph["name"], max_batch_size, policy.max_queue_delay, metrics, policy,
+                alone if light else None,
             )
     pipeline_class = record.part("pipeline")
     text_options = {"over_limit": settings.over_limit} if pipeline_class.input_kind == "text" else {}
@@ -180,10 +185,14 @@ def is_decode_graph(graph: Mapping[str, Any]) -> bool:
 
 
 class ModelRegistry:
-    def __init__(self, settings: Settings, metrics: ServiceMetrics, engine: EngineClient | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: ServiceMetrics, engine: EngineClient | None = None,
+                 alone: Callable[[], bool] | None = None) -> None:
+        """``alone``: whether a request is the process's only one in flight (the app's :class:`Shutdown` knows);
+        None where requests are not this process's own (the engine process)."""
         self.settings = settings
         self.metrics = metrics
         self.engine = engine  # a front end's engine: it loads the graphs, this registry the pipelines around them
+        self.alone = alone
         self.entries = discover(settings.model_repository)
         self.models: dict[str, LoadedModel] = {}  # "name:version" -> model
         self.errors: dict[str, str] = {}
@@ -218,7 +227,8 @@ class ModelRegistry:
         return self.settings.model_backends.get(name, self.settings.backend)
 
     def _load(self, name: str, version: str, entry: Path) -> LoadedModel:
-        return load_model(entry, self._backend(name), self.settings, self.metrics, name, version, self.engine)
+        return load_model(entry, self._backend(name), self.settings, self.metrics, name, version, self.engine,
+                          self.alone)
 
     def resolve(self, model: str | None, task: str | None) -> LoadedModel:
         """``model`` is ``name`` (latest version) or ``name:version``; without it, the task's default."""
