@@ -318,7 +318,7 @@ class SessionStore:
             "status": "open",
         }
         limit = self.settings.max_sessions_per_key
-        with self.store.unavailable_as_error(), self.metrics.time_redis("create"):
+        async with self.store.operation(self.metrics.time_redis("create")):
             held = await self._quota(keys=[self._owner_key(quota)], args=[now, limit, session_id, now + ttl])
         if int(held[0]) < 0:
             who = "this API key" if quota == owner else "this client address"
@@ -329,7 +329,7 @@ class SessionStore:
                 f"the next one expires in {frees_in} s", retry_after=frees_in,
             )
         try:
-            with self.store.unavailable_as_error(), self.metrics.time_redis("create"):
+            async with self.store.operation(self.metrics.time_redis("create")):
                 pairs = [str(item) for field in fields.items() for item in field]
                 await self._script_with(
                     self._create, [keys["meta"], keys["state"]], [ttl, blob, *pairs],
@@ -346,7 +346,7 @@ class SessionStore:
     async def _forget(self, session_id: str, quota: str, model: str) -> None:
         """Best effort after a failed create: remove whatever of it may have reached Redis."""
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
+            async with self.store.operation(), self.redis.pipeline(transaction=False) as pipe:
                 pipe.delete(*self._keys(session_id).values())
                 pipe.zrem(self._owner_key(quota), session_id).zrem(self._live_key(model, session_id), session_id)
                 await pipe.execute()
@@ -355,7 +355,7 @@ class SessionStore:
 
     async def meta(self, session_id: str, owner: str) -> SessionMeta:
         keys = self._keys(session_id)
-        with self.store.unavailable_as_error(), self.metrics.time_redis("meta"):
+        async with self.store.operation(self.metrics.time_redis("meta")):
             async with self.redis.pipeline(transaction=True) as pipe:
                 fields, ttl = await pipe.hgetall(keys["meta"]).pttl(keys["meta"]).execute()
         if not fields:
@@ -371,7 +371,7 @@ class SessionStore:
         One round trip: a ZCOUNT per model (per shard on a cluster, summed), pipelined.
         """
         now = time.time()
-        with self.store.unavailable_as_error(), self.metrics.time_redis("live_counts"):
+        async with self.store.operation(self.metrics.time_redis("live_counts")):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for model in models:
                     for key in self._live_keys(model):
@@ -385,7 +385,7 @@ class SessionStore:
     ) -> tuple[SessionMeta, Arrays, dict[str, Any] | None, list[Arrays]]:
         """Meta, state, last result (and the appended chunks) read together in one transaction."""
         keys = self._keys(session_id)
-        with self.store.unavailable_as_error(), self.metrics.time_redis("snapshot"):
+        async with self.store.operation(self.metrics.time_redis("snapshot")):
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hgetall(keys["meta"]).pttl(keys["meta"]).get(keys["state"]).get(keys["result"])
                 if with_chunks:
@@ -411,7 +411,7 @@ class SessionStore:
         """
         keys = self._keys(session_id)
         token = f"{seq}:{secrets.token_hex(8)}"
-        with self.store.unavailable_as_error(), self.metrics.time_redis("begin"):
+        async with self.store.operation(self.metrics.time_redis("begin")):
             reply = await self._evalsha(self._begin, [keys["meta"], keys["state"], keys["result"], keys["lock"]],
                                         [seq, owner, token, self.lock_ms])
         if not reply:
@@ -423,7 +423,7 @@ class SessionStore:
         return meta, _state(blob), (orjson.loads(result) if result else None), token if locked else None
 
     async def release(self, session_id: str, token: str) -> None:
-        with self.store.unavailable_as_error():
+        async with self.store.operation():
             await self._release(keys=[self._keys(session_id)["lock"]], args=[token])
 
     async def commit(
@@ -444,7 +444,7 @@ class SessionStore:
             args.append(encode_tensors(consumed.chunk))
         commit_keys = [keys["meta"], keys["state"], keys["result"], keys["chunks"], keys["lock"]]
         idle_expiry = time.time() + self._ttl(meta.deadline)
-        with self.store.unavailable_as_error(), self.metrics.time_redis("commit"):
+        async with self.store.operation(self.metrics.time_redis("commit")):
             # the live index sits outside the session's hash slot: its own command, in the same round trip
             reply = await self._script_with(
                 self._commit, commit_keys, args,
@@ -463,7 +463,7 @@ class SessionStore:
         """
         keys = self._keys(meta.id)
         args = [meta.seq, orjson.dumps(result), self._ttl(meta.deadline)]
-        with self.store.unavailable_as_error(), self.metrics.time_redis("finish"):
+        async with self.store.operation(self.metrics.time_redis("finish")):
             reply = await self._finish(keys=[keys["meta"], keys["result"], keys["state"], keys["chunks"]], args=args)
             outcome = int(reply[0])
             if outcome in (1, 2):  # outside the session's hash slot: after the script, only once it finished
@@ -504,7 +504,7 @@ class SessionStore:
     async def delete(self, session_id: str, owner: str) -> None:
         meta = await self.meta(session_id, owner)  # 404 for strangers
         keys = self._keys(session_id)
-        with self.store.unavailable_as_error(), self.metrics.time_redis("delete"):
+        async with self.store.operation(self.metrics.time_redis("delete")):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.delete(*keys.values())
                 pipe.zrem(self._owner_key(meta.quota), session_id).zrem(self._live_key(meta.model, session_id),
@@ -513,7 +513,7 @@ class SessionStore:
 
     async def refresh(self, session_id: str, token: str) -> bool:
         """Extend our lock's lease; False when it is no longer ours."""
-        with self.store.unavailable_as_error():
+        async with self.store.operation():
             return bool(await self._refresh(keys=[self._keys(session_id)["lock"]], args=[token, self.lock_ms]))
 
     @asynccontextmanager
@@ -569,7 +569,7 @@ class SessionStore:
         pause = FIRST_LOOK_SECONDS
         while time.monotonic() < deadline:
             await asyncio.sleep(pause)
-            with self.store.unavailable_as_error():
+            async with self.store.operation():
                 async with self.redis.pipeline(transaction=False) as pipe:
                     current, lease_ms = await pipe.hget(keys["meta"], "seq").pttl(keys["lock"]).execute()
             if current is None or int(current) >= seq or lease_ms < 0:

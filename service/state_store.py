@@ -7,12 +7,20 @@ script (service/sessions.py). Values are safetensors bytes (see :mod:`service.te
 The client is a plain ``Redis`` (one server, or a Sentinel-managed primary behind
 one address) or, with ``RTSERVE_REDIS_CLUSTER=true``, a ``RedisCluster`` that
 learns the slot map from the URL's node and follows MOVED/ASK and failovers.
+
+Every operation runs in :meth:`StateStore.operation`: Redis's errors become the service's (503s), and on one
+server the whole operation (its round trip, and redis-py's retries on a broken connection) has
+``RTSERVE_REDIS_TIMEOUT_SECONDS`` to finish. That one deadline replaces redis-py's socket timeout, which cost
+every command a task and a timer for its send and another timer for its read (a tenth of a millisecond of CPU
+per session piece, docs/serving.md); a Redis that stops answering is cut off as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import asyncio
+from contextlib import AbstractContextManager
+from types import TracebackType
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -50,29 +58,35 @@ CLUSTER_DOWN_ERRORS = (ClusterDownError, TryAgainError, SlotNotCoveredError)
 
 class StateStore:
     def __init__(
-        self, client: aioredis.Redis | RedisCluster, url: str, prefix: str = "rtserve", cluster: bool = False
+        self, client: aioredis.Redis | RedisCluster, url: str, prefix: str = "rtserve", cluster: bool = False,
+        deadline_seconds: float | None = None,
     ) -> None:
+        """``deadline_seconds``: how long one :meth:`operation` may take (None: no deadline of its own)."""
         self.client = client
         self.url = url
         self.prefix = prefix
         self.cluster = cluster  # True: a RedisCluster client; keys of one session still share one slot
+        self.deadline_seconds = deadline_seconds
 
     @classmethod
     def from_url(
         cls, url: str, prefix: str = "rtserve", timeout_seconds: float = 2.0, max_connections: int = 256,
         pool_timeout_seconds: float = 10.0, cluster: bool = False,
     ) -> StateStore:
-        """A client whose pool, when all ``max_connections`` are busy, makes a request wait for one.
+        """A client whose pool, when all ``max_connections`` are busy, makes a request wait for one
+        (:class:`WaitingConnectionPool`, up to ``pool_timeout_seconds``).
 
         redis-py's default pool raises at once when full, which would turn ordinary bursts into false 503s.
         A broken connection (a pooled socket that a restarted Redis closed) is retried twice on a fresh
         one: every write the service sends is idempotent when repeated (compare-and-set scripts,
-        ZADD/SET of the same values), so a repeat can never apply a piece twice.
+        ZADD/SET of the same values), so a repeat can never apply a piece twice. Each operation has
+        ``timeout_seconds``, its wait for a connection included (:meth:`operation`); connecting has as long.
 
         With ``cluster``, ``url`` names any one node of a Redis Cluster; ``max_connections`` is then per
         node, and redis-py's cluster pool does not wait for a free connection: past that many concurrent
         commands on one node a request answers 503 at once. A command that meets a node going down
-        (a failover) is retried up to 3 times with backoff while the client refreshes the slot map.
+        (a failover) is retried up to 3 times with backoff while the client refreshes the slot map; there
+        each command's socket has ``timeout_seconds``, so that a failover's retries are not cut short.
         """
         if cluster:
             client = RedisCluster.from_url(
@@ -84,41 +98,42 @@ class StateStore:
                 retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
             )
             return cls(client, url, prefix, cluster=True)
-        pool = aioredis.BlockingConnectionPool.from_url(
+        pool = WaitingConnectionPool.from_url(
             url,
             max_connections=max_connections,
             timeout=pool_timeout_seconds,
-            socket_timeout=timeout_seconds,
+            socket_timeout=None,  # each operation's deadline instead (Operation): redis-py's default is 5 s
             socket_connect_timeout=timeout_seconds,
             decode_responses=False,
             retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2, supported_errors=(RedisConnectionError,)),
         )
-        return cls(aioredis.Redis.from_pool(pool), url, prefix)
+        return cls(aioredis.Redis.from_pool(pool), url, prefix, deadline_seconds=timeout_seconds)
 
     def key(self, session_id: str, part: str) -> str:
         """``<prefix>:{<session-id>}:<part>`` — the braces pin a session to one cluster hash slot."""
         return f"{self.prefix}:{{{session_id}}}:{part}"
 
-    @contextmanager
-    def unavailable_as_error(self) -> Iterator[None]:
-        """Turn a lost connection into :class:`StateStoreUnavailable` with the server named."""
-        try:
-            yield
-        except REDIS_DOWN_ERRORS as error:
-            raise StateStoreUnavailable(f"Redis at {_describe(self.url)} is unreachable: {error}") from error
-        except CLUSTER_DOWN_ERRORS as error:
-            raise StateStoreUnavailable(
-                f"Redis Cluster at {_describe(self.url)} is failing over or down: {error}"
-            ) from error
-        except ResponseError as error:  # OutOfMemoryError, or EXECABORT of a transaction for the same reason
-            if not isinstance(error, OutOfMemoryError) and "maxmemory" not in str(error):
-                raise
-            raise StateStoreOutOfMemory(
+    def operation(self, timer: AbstractContextManager[Any] | None = None) -> Operation:
+        """``async with store.operation(): <Redis commands>`` — within the deadline, Redis's errors as the
+        service's (:class:`Operation`); ``timer`` (a metric's) times the commands."""
+        return Operation(self, timer)
+
+    def as_error(self, error: BaseException) -> StateStoreUnavailable | None:
+        """The service's error for one of Redis's: :class:`StateStoreUnavailable` with the server named (or
+        :class:`StateStoreOutOfMemory`); None for any other error, which is the caller's own."""
+        if isinstance(error, REDIS_DOWN_ERRORS):
+            return StateStoreUnavailable(f"Redis at {_describe(self.url)} is unreachable: {error}")
+        if isinstance(error, CLUSTER_DOWN_ERRORS):
+            return StateStoreUnavailable(f"Redis Cluster at {_describe(self.url)} is failing over or down: {error}")
+        # OutOfMemoryError, or EXECABORT of a transaction for the same reason
+        if isinstance(error, ResponseError) and (isinstance(error, OutOfMemoryError) or "maxmemory" in str(error)):
+            return StateStoreOutOfMemory(
                 f"Redis at {_describe(self.url)} is out of memory (maxmemory reached) and refused the write"
-            ) from error
+            )
+        return None
 
     async def ping(self) -> bool:
-        with self.unavailable_as_error():
+        async with self.operation():
             return bool(await self.client.ping())
 
     async def check_writable(self) -> list[str]:
@@ -128,7 +143,7 @@ class StateStore:
         keys one by one, leaving half a session. Warns (does not fail) when Redis is set so.
         On a cluster the write lands on one primary and the policy of every primary is read.
         """
-        with self.unavailable_as_error():
+        async with self.operation():
             if self.cluster:
                 await self.client.set(f"{self.prefix}:readyz", b"1", px=1000)
                 per_node = await self.client.info("memory", target_nodes=RedisCluster.PRIMARIES)
@@ -150,3 +165,73 @@ class StateStore:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+class WaitingConnectionPool(aioredis.ConnectionPool):
+    """redis-py's connection pool, except that a command finding all ``max_connections`` busy waits for one, up to
+    ``timeout`` seconds, instead of failing at once ("No connection available." after that, a 503).
+
+    redis-py's ``BlockingConnectionPool`` does the same with a condition and a timer that every command pays for,
+    busy pool or not (a twentieth of the event loop's time per session piece, docs/serving.md); here a free
+    connection costs one semaphore count, and only a command that must wait arms a timer.
+    """
+
+    def __init__(self, timeout: float = 10.0, **options: Any) -> None:
+        super().__init__(**options)
+        self.timeout = timeout
+        self._free = asyncio.Semaphore(self.max_connections)
+
+    async def get_connection(self, *ignored: Any, **named: Any) -> Any:  # redis-py's signature; both unused
+        if self._free.locked():
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await self._free.acquire()
+            except TimeoutError as error:
+                raise RedisConnectionError("No connection available.") from error
+        else:
+            await self._free.acquire()  # a free connection: returns at once
+        try:
+            return await super().get_connection()
+        except BaseException:
+            self._free.release()
+            raise
+
+    async def release(self, connection: Any) -> None:
+        try:
+            await super().release(connection)
+        finally:
+            self._free.release()
+
+
+class Operation:
+    """One operation against Redis (:meth:`StateStore.operation`): cut off after the store's deadline, which a
+    cancelled command leaves with its connection closed (redis-py never reuses a connection that was cancelled
+    mid-reply), and any error of Redis's raised as the service's. A class, not a generator: it runs twice per
+    session piece."""
+
+    __slots__ = ("store", "timer", "_deadline")
+
+    def __init__(self, store: StateStore, timer: AbstractContextManager[Any] | None = None) -> None:
+        self.store, self.timer = store, timer
+        self._deadline: asyncio.Timeout | None = None
+
+    async def __aenter__(self) -> None:
+        if self.store.deadline_seconds is not None:
+            self._deadline = asyncio.timeout(self.store.deadline_seconds)
+            await self._deadline.__aenter__()
+        if self.timer is not None:
+            self.timer.__enter__()
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        if self.timer is not None:
+            self.timer.__exit__(kind, error, traceback)
+        if self._deadline is not None:
+            try:
+                await self._deadline.__aexit__(kind, error, traceback)  # our own cancellation -> TimeoutError
+            except TimeoutError as timed_out:
+                raise StateStoreUnavailable(
+                    f"Redis at {_describe(self.store.url)} did not answer within {self.store.deadline_seconds:g} s"
+                ) from timed_out
+        if error is not None and (ours := self.store.as_error(error)) is not None:
+            raise ours from error

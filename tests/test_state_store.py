@@ -72,3 +72,66 @@ async def test_error_message_hides_credentials():
         await store.ping()
     assert "secret" not in str(caught.value)
     await store.close()
+
+
+async def test_a_redis_that_stops_answering_is_cut_off_at_the_deadline_and_the_next_operation_works(tmp_path):
+    """A Redis that keeps its sockets open but answers nothing (SIGSTOP): the operation fails within its deadline
+    with an error that says so; its connection, cancelled mid-reply, is never reused once Redis answers again."""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    from service.embedded_redis import EmbeddedRedis
+
+    with EmbeddedRedis(tmp_path) as redis:
+        store = StateStore.from_url(redis.url, timeout_seconds=0.3)
+        await store.client.set("k", b"before")
+        assert redis.pid is not None
+        os.kill(redis.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StateStoreUnavailable, match=r"did not answer within 0\.3 s"):
+                async with store.operation():
+                    await store.client.get("k")
+            assert time.monotonic() - started < 1.0
+        finally:
+            os.kill(redis.pid, signal.SIGCONT)
+        await asyncio.sleep(0.05)
+        async with store.operation():
+            await store.client.set("k", b"after")
+            assert await store.client.get("k") == b"after"
+        assert await store.ping()
+        await store.close()
+
+
+async def test_a_full_pool_makes_commands_wait_for_a_connection_and_fails_only_past_its_timeout(redis_url: str):
+    """Two connections, six commands that each hold one for 0.2 s: all six are answered (in three rounds); with a
+    wait shorter than a round, those that cannot get a connection in time fail as Redis unavailable (503)."""
+    import asyncio
+    import time
+
+    key = f"test:{uuid.uuid4().hex}:empty"
+    store = StateStore.from_url(redis_url, timeout_seconds=5.0, max_connections=2, pool_timeout_seconds=2.0)
+
+    async def hold() -> None:
+        async with store.operation():
+            await store.client.blpop([key], timeout=0.2)  # nothing to pop: holds its connection 0.2 s
+
+    started = time.monotonic()
+    await asyncio.gather(*(hold() for _ in range(6)))
+    assert 0.55 < time.monotonic() - started < 2.0
+    assert len(store.client.connection_pool._in_use_connections) == 0
+    await store.close()
+
+    impatient = StateStore.from_url(redis_url, timeout_seconds=5.0, max_connections=2, pool_timeout_seconds=0.05)
+
+    async def hold_briefly() -> None:
+        async with impatient.operation():
+            await impatient.client.blpop([key], timeout=0.2)
+
+    outcomes = await asyncio.gather(*(hold_briefly() for _ in range(4)), return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, StateStoreUnavailable)]
+    assert len(failed) == 2 and all("No connection available" in str(o) for o in failed), outcomes
+    assert outcomes.count(None) == 2
+    await impatient.close()
