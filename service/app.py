@@ -97,6 +97,7 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
     app = FastAPI(
         title="rtserve", version=version("rtserve"), description=DESCRIPTION, lifespan=_lifespan,
         docs_url=None, redoc_url=None, openapi_url=None,  # served by routers/docs.py, with local assets
+        telemetry=None if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.metrics = metrics

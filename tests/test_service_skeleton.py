@@ -51,3 +51,24 @@ def test_app_without_redis_url_starts_and_stops_its_own_redis(tmp_path):
         assert client.get("/readyz").json()["redis"] == "ok"
         assert app.state.store.url.startswith("unix://")
     assert not (tmp_path / "redis" / "redis.sock").exists()
+
+
+def test_fastapis_own_opentelemetry_is_skipped_unless_asked_for(redis_url, key_prefix, monkeypatch):
+    """Off (the default), no request looks up OpenTelemetry's global providers; on, every request does."""
+    from fastapi.telemetry import _asgi
+
+    looked_up: list[object] = []
+    unconfigured = _asgi._unconfigured
+
+    def recording(provider):
+        looked_up.append(provider)
+        return unconfigured(provider)
+
+    monkeypatch.setattr(_asgi, "_unconfigured", recording)
+    for opentelemetry in (False, True):
+        looked_up.clear()
+        settings = Settings(redis_url=redis_url, redis_key_prefix=key_prefix, model_repository="/nonexistent",
+                            opentelemetry=opentelemetry)
+        with TestClient(create_app(settings)) as client:
+            assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
+        assert bool(looked_up) == opentelemetry, (opentelemetry, looked_up)
