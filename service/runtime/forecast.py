@@ -59,26 +59,32 @@ class ForecastPipeline:
         if not rows:
             raise InputError("`rows` is empty: send at least one row")
         width = len(self.variables)
-        for index, row in enumerate(rows):
-            if len(row) != width:
-                raise InputError(
-                    f"row {index} has {len(row)} values; this model reads {width} per row, in the order "
-                    f"{self.variables}"
-                )
-        values = np.asarray(rows, dtype=np.float64)  # (T, C)
+        try:
+            values = np.array(rows, dtype=np.float64)  # (T, C)
+        except ValueError:  # ragged rows
+            values = None
+        if values is None or values.ndim != 2 or values.shape[1] != width:
+            for index, row in enumerate(rows):
+                if len(row) != width:
+                    raise InputError(
+                        f"row {index} has {len(row)} values; this model reads {width} per row, in the order "
+                        f"{self.variables}"
+                    )
+            raise InputError(f"`rows` must be a list of rows of {width} numbers each")
+        inside = (values >= self.lowest) & (values <= self.highest)  # False for NaN too: one pass when all is well
+        if inside.all():
+            return values.astype(np.float32)[None]  # (1, T, C)
         if not np.isfinite(values).all():
             raise InputError("`rows` holds NaN or infinite values; fill or drop missing observations first")
-        outside = np.argwhere((values < self.lowest) | (values > self.highest))
-        if len(outside):
-            row, column = (int(i) for i in outside[0])
-            raise InputError(
-                f"rows[{row}][{column}] ({self.variables[column]}) is {values[row, column]:g}, outside what this "
-                f"model takes: {self.lowest[column]:g} to {self.highest[column]:g} (its training mean ± "
-                f"{STANDARD_DEVIATIONS:g} standard deviations, where its float32 arithmetic stays finite; GET /models: "
-                f"value_range){f' ({len(outside)} values in all)' if len(outside) > 1 else ''}",
-                loc=("body", "rows", row, column), kind="value_range",
-            )
-        return values.astype(np.float32)[None]  # (1, T, C)
+        outside = np.argwhere(~inside)
+        row, column = (int(i) for i in outside[0])
+        raise InputError(
+            f"rows[{row}][{column}] ({self.variables[column]}) is {values[row, column]:g}, outside what this "
+            f"model takes: {self.lowest[column]:g} to {self.highest[column]:g} (its training mean ± "
+            f"{STANDARD_DEVIATIONS:g} standard deviations, where its float32 arithmetic stays finite; GET /models: "
+            f"value_range){f' ({len(outside)} values in all)' if len(outside) > 1 else ''}",
+            loc=("body", "rows", row, column), kind="value_range",
+        )
 
     async def consume(self, state: Mapping[str, np.ndarray], piece: Sequence[Sequence[float]]) -> Consumed:
         values = self.rows_to_array(piece)
