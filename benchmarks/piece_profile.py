@@ -12,10 +12,11 @@ dependencies, routing, middleware, HTTP, Redis client, batcher hand-off, session
 the event loop (uvloop's C code and asyncio). A layer's CPU per piece is its share of those samples
 times the event loop thread's CPU per piece over the same span (``/proc/<pid>/task/<pid>/schedstat``);
 the other threads' CPU (the graph's thread with ONNX Runtime's pool) is one row, so the rows add up to
-the process's CPU. Shares are of wall-clock samples: on a machine whose cores are oversubscribed a
-thread preempted while it holds the GIL is still sampled, so the split is as good as preemption is
-even. py-spy runs in its own process; it pauses the target briefly at each sample, which costs the
-target's wall time, not its CPU.
+the process's CPU. A lone request's light step runs on the event loop's thread with the GIL released: its
+CPU is in that thread's but in none of the samples, so it is spread over the layers in proportion. Shares
+are of wall-clock samples: on a machine whose cores are oversubscribed a thread preempted while it holds
+the GIL is still sampled, so the split is as good as preemption is even. py-spy runs in its own process; it
+pauses the target briefly at each sample, which costs the target's wall time, not its CPU.
 """
 
 from __future__ import annotations
