@@ -1,6 +1,6 @@
-"""The service's and the floor server's instructions per session piece, counted by valgrind (callgrind).
+"""The service's and the floor server's instructions per RSA session piece, counted by valgrind (callgrind).
 
-    .venv/bin/python benchmarks/piece_instructions.py [--task forecast|classify] [--pieces 200] [--model-repository ...]
+    .venv/bin/python benchmarks/piece_instructions.py [--pieces 200] [--model-repository ...]
 
 Why: CPU time per piece on a shared VM drifts by a third within minutes, so a cut of a tenth needs dozens of
 alternated runs to show (docs/serving.md). Callgrind counts the instructions a process executes in user space,
@@ -12,9 +12,10 @@ Method: the service (``rtserve serve``, as the bench starts it) and the floor se
 (``benchmarks/floor_server.py``) each run under ``valgrind --tool=callgrind --instr-atstart=no`` on the same
 embedded Redis, ``PYTHONHASHSEED=0``. For each in turn, one session is opened and sent 20 pieces untimed; then
 ``callgrind_control -i on`` starts the count, the next ``--pieces`` pieces are sent one after another (the bench's
-own RSA or RMT pieces, each applying one step), ``callgrind_control -i off`` stops it. The count is read from
+own RSA pieces of 24 ETTh1 rows, each applying one step), ``callgrind_control -i off`` stops it. The count is read from
 callgrind's output when the server exits. Under valgrind a server runs some 50 times slower; the client does not
-run under it.
+run under it. RSA only: an RMT piece is its graph (40 ms of CPU), which would take minutes a piece under valgrind
+and which both servers run alike.
 """
 
 from __future__ import annotations
@@ -67,31 +68,21 @@ async def count_side(url: str, pid: int, model: str, pieces: list[bytes], counte
     await client.close()
 
 
-def one_session(task: str, repository: Path, data: Path, pieces: int) -> tuple[str, list[bytes]]:
-    """The model measured (as the bench picks it) and one session of at least WARM_PIECES + ``pieces`` pieces."""
+def one_session(repository: Path, data: Path, pieces: int) -> tuple[str, list[bytes]]:
+    """The RSA forecaster measured (as the bench picks it) and the pieces of one session: WARM_PIECES + ``pieces``."""
     import json
 
     from loadtest import bench_inputs as inputs
 
-    family = {"forecast": "rsa", "classify": "rmt"}[task]
-    entries = sorted(p.parent for p in repository.glob("*/*/manifest.json"))
-    for entry in entries:
-        manifest = json.loads((entry / "manifest.json").read_text())
-        if manifest["task"] == task and manifest["family"] == family:
+    for manifest_path in sorted(repository.glob("*/*/manifest.json")):
+        manifest = json.loads(manifest_path.read_text())
+        if manifest["task"] == "forecast" and manifest["family"] == "rsa":
             break
     else:
-        raise SystemExit(f"no {family} {task} model in {repository}")
-    needed = WARM_PIECES + pieces
-    if task == "forecast":
-        settings = manifest["settings"]
-        values = inputs.etth1_values(data, list(settings["variables"]))
-        lookback = int(settings["lookback"])
-        session = inputs.forecast_sessions(values, lookback, 1, 24, needed)[0]
-    else:
-        texts = inputs.hyperpartisan_texts(data)
-        session = inputs.classify_sessions(entry, manifest, texts, 1, needed)[0]
-    if len(session.pieces) < needed:
-        raise SystemExit(f"the session has {len(session.pieces)} pieces; {needed} are needed")
+        raise SystemExit(f"no RSA forecaster in {repository}")
+    settings = manifest["settings"]
+    values = inputs.etth1_values(data, list(settings["variables"]))
+    session = inputs.forecast_sessions(values, int(settings["lookback"]), 1, 24, WARM_PIECES + pieces)[0]
     return f"{manifest['name']}:{manifest['version']}", session.pieces
 
 
@@ -99,7 +90,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--task", choices=("forecast", "classify"), default="forecast")
     parser.add_argument("--pieces", type=int, default=200)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     options = parser.parse_args()
@@ -110,7 +100,7 @@ def main() -> None:
     from loadtest.bench_floor import floor_command
     from service.embedded_redis import EmbeddedRedis
 
-    model, pieces = one_session(options.task, options.model_repository, options.data, options.pieces)
+    model, pieces = one_session(options.model_repository, options.data, options.pieces)
     folder = Path(tempfile.mkdtemp(prefix="rtserve-instructions-"))
     counts: dict[str, int] = {}
     with EmbeddedRedis() as redis:
@@ -136,7 +126,7 @@ def main() -> None:
             counts[side] = counted_instructions(out_file)
             print(f"{side}: {counts[side] / options.pieces:,.0f} instructions per piece ({options.pieces} pieces)",
                   flush=True)
-    print(f"{options.task} pieces of {model}, one session: service / floor instructions per piece "
+    print(f"RSA pieces of {model}, one session: service / floor instructions per piece "
           f"{counts['service'] / counts['floor']:.2f} (callgrind outputs in {folder})")
 
 
