@@ -180,6 +180,7 @@ class WaitingConnectionPool(aioredis.ConnectionPool):
         super().__init__(**options)
         self.timeout = timeout
         self._free = asyncio.Semaphore(self.max_connections)
+        self._holding: set[int] = set()  # connections handed out, each holding one count of ``_free``
 
     async def get_connection(self, *ignored: Any, **named: Any) -> Any:  # redis-py's signature; both unused
         if self._free.locked():
@@ -191,16 +192,20 @@ class WaitingConnectionPool(aioredis.ConnectionPool):
         else:
             await self._free.acquire()  # a free connection: returns at once
         try:
-            return await super().get_connection()
-        except BaseException:
+            connection = await super().get_connection()
+        except BaseException:  # redis-py released the connection it took, if any: its count is ours to give back
             self._free.release()
             raise
+        self._holding.add(id(connection))
+        return connection
 
     async def release(self, connection: Any) -> None:
         try:
             await super().release(connection)
         finally:
-            self._free.release()
+            if id(connection) in self._holding:  # once per hand-out, whoever releases it and however often
+                self._holding.discard(id(connection))
+                self._free.release()
 
 
 class Operation:

@@ -135,3 +135,38 @@ async def test_a_full_pool_makes_commands_wait_for_a_connection_and_fails_only_p
     assert len(failed) == 2 and all("No connection available" in str(o) for o in failed), outcomes
     assert outcomes.count(None) == 2
     await impatient.close()
+
+
+async def test_a_connection_that_fails_to_connect_gives_back_its_place_in_the_pool_once(redis_url: str, monkeypatch):
+    """redis-py releases a connection whose connect fails inside ``get_connection``; the place it held in the pool
+    is given back once, not twice: one connection still means one command at a time, the next waiting."""
+    import asyncio
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from service.state_store import WaitingConnectionPool
+
+    store = StateStore.from_url(redis_url, timeout_seconds=5.0, max_connections=1, pool_timeout_seconds=2.0)
+    pool = store.client.connection_pool
+    assert isinstance(pool, WaitingConnectionPool)
+    ensure = WaitingConnectionPool.ensure_connection
+    failures = iter([True, True])
+
+    async def failing_once(self, connection):
+        if next(failures, False):
+            raise RedisConnectionError("connect failed")
+        return await ensure(self, connection)
+
+    monkeypatch.setattr(WaitingConnectionPool, "ensure_connection", failing_once)
+    for _ in range(2):
+        with pytest.raises(StateStoreUnavailable):
+            async with store.operation():
+                await store.client.get("k")
+    key = f"test:{uuid.uuid4().hex}:empty"
+
+    async def hold() -> None:
+        async with store.operation():
+            await store.client.blpop([key], timeout=0.2)
+
+    await asyncio.gather(hold(), hold(), hold())  # one at a time: a doubled place would meet "Too many connections"
+    await store.close()
