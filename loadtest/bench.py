@@ -39,8 +39,8 @@ Protocol
      create -> pieces -> finish; pieces/s.
    - ``floor``: RSA forecast pieces and RMT classify pieces sent to the service and to the floor server
      (the same Redis round trips and state sizes, the same ``step.onnx`` at batch 1 on one thread, a
-     JSON answer, nothing else) in turn, at 1 session and at 32; the service's server CPU per piece over
-     the floor's (:mod:`loadtest.bench_floor`).
+     JSON answer, nothing else), the two taking turns block by block, at 1 session and at 32; the
+     service's server CPU per piece over the floor's (:mod:`loadtest.bench_floor`).
    - ``gpu``: where NVML sees a GPU, per model: segments/s and J/segment at 1 and 32 sessions
      from NVML's energy counter (:mod:`loadtest.bench_gpu`); skipped, saying so, elsewhere.
 
@@ -345,11 +345,12 @@ async def close_session(client: Client, session_id: str) -> None:
     await client.delete(f"/sessions/{session_id}")
 
 
-async def send_pieces(client: Client, session_id: str, session: SessionInput) -> list[float]:
-    """Each piece after the previous answer; every piece must apply exactly one step."""
+async def send_pieces(client: Client, session_id: str, session: SessionInput, first: int = 1) -> list[float]:
+    """Each piece after the previous answer; every piece must apply exactly one step. ``first``: the ``seq`` of
+    the first piece (``session`` holding the rest of a session's pieces from there)."""
     path = f"/sessions/{session_id}/segments"
     latencies = []
-    for seq, body in enumerate(session.pieces, start=1):
+    for seq, body in enumerate(session.pieces, start=first):
         started = time.perf_counter()
         answer = await client.post(path, body)
         latencies.append(time.perf_counter() - started)

@@ -3,10 +3,14 @@
 The floor server (``benchmarks/floor_server.py``) does what a piece needs and nothing else: the same two
 Redis round trips (the service's own scripts, the same state sizes), the same ``step.onnx`` at batch 1
 with one intra-op thread, a JSON answer. Both servers run side by side on the same Redis, and the same
-pieces go to each in turn (the order alternates from one repeat to the next):
+pieces go to each in turn:
 
 - per task: RSA forecast pieces and RMT classify pieces (each completes exactly one segment);
-- at 1 session (the sessions one after another) and at N (all at once);
+- at 1 session (the sessions one after another) and at N (all at once), in blocks that go to one server and
+  then to the other, which goes first alternating from block to block: at 1 session a block is one session's
+  pieces, at N the next :data:`BLOCK_PIECES` pieces of every session. Each side's CPU is summed over its own
+  blocks, so both sides are measured across the same seconds and the machine's drift (a third within
+  minutes on a shared VM) falls on both alike;
 - CPU of the server's processes (:func:`process_cpu_seconds`: the kernel's per-process CPU clock, the
   accounting ``/proc/<pid>/stat`` shows, in nanoseconds): the service's process tree (every front end and
   engine process with ``RTSERVE_WORKERS``), the floor's one process.
@@ -32,6 +36,8 @@ from loadtest import bench_inputs as inputs
 from loadtest.bench_inputs import SessionInput
 
 log = logging.getLogger("rtserve.bench")
+
+BLOCK_PIECES = 4  # at N sessions, each block holds the next 4 pieces of every session
 
 FLOOR_SERVER = Path(__file__).resolve().parents[1] / "benchmarks" / "floor_server.py"
 
@@ -76,31 +82,47 @@ class Side:
     cpu_seconds: Any  # () -> float
 
 
-async def pieces_cpu(side: Side, model: str, sessions: list[SessionInput], concurrent: bool,
-                     redis_cpu: Any) -> dict[str, float]:
-    """Server, Redis and client CPU and the wall time of every piece of ``sessions``; sessions opened before and
-    closed after, untimed."""
-    from loadtest.bench import close_session, open_session, send_pieces
+async def pieces_cpu(sides: Sequence[Side], model: str, sessions: list[SessionInput], concurrent: bool,
+                                 redis_cpu: Any) -> dict[str, dict[str, float]]:
+    """Per side: server, Redis and client CPU and the wall time of every piece of ``sessions`` (opened before and
+    closed after, untimed). The work is cut into blocks that go to each side in turn, the first side alternating
+    per block, and each side's figures are summed over its own blocks: both sides are measured across the same
+    seconds. A block is one session's pieces (one at a time) or the next :data:`BLOCK_PIECES` pieces of every
+    session, all sessions at once (``concurrent``)."""
+    from loadtest.bench import close_session, in_turn, open_session, send_pieces
 
-    ids = [await open_session(side.client, model) for _ in sessions]
+    ids = {side.name: [await open_session(side.client, model) for _ in sessions] for side in sides}
     await asyncio.sleep(0.05)
-    server, redis, client, wall = side.cpu_seconds(), redis_cpu(), time.process_time(), time.perf_counter()
+    length = len(sessions[0].pieces)
     if concurrent:
-        await asyncio.gather(*(send_pieces(side.client, i, s) for i, s in zip(ids, sessions, strict=True)))
+        blocks = [[(index, begin, min(begin + BLOCK_PIECES, length)) for index in range(len(sessions))]
+                  for begin in range(0, length, BLOCK_PIECES)]
     else:
-        for session_id, session in zip(ids, sessions, strict=True):
-            await send_pieces(side.client, session_id, session)
-    wall = time.perf_counter() - wall
-    cpu = {"server": side.cpu_seconds() - server, "redis": redis_cpu() - redis, "client": time.process_time() - client}
-    await asyncio.gather(*(close_session(side.client, session_id) for session_id in ids))
+        blocks = [[(index, 0, len(session.pieces))] for index, session in enumerate(sessions)]
+    spent = {side.name: {"server": 0.0, "redis": 0.0, "client": 0.0, "wall": 0.0} for side in sides}
+    for number, block in enumerate(blocks):
+        for side in in_turn(number, *sides):
+            server, redis, client, wall = side.cpu_seconds(), redis_cpu(), time.process_time(), time.perf_counter()
+            await asyncio.gather(*(
+                send_pieces(side.client, ids[side.name][index], SessionInput(sessions[index].pieces[begin:end]),
+                            first=begin + 1)
+                for index, begin, end in block
+            ))
+            totals = spent[side.name]
+            totals["wall"] += time.perf_counter() - wall
+            totals["server"] += side.cpu_seconds() - server
+            totals["redis"] += redis_cpu() - redis
+            totals["client"] += time.process_time() - client
+    for side in sides:
+        await asyncio.gather(*(close_session(side.client, session_id) for session_id in ids[side.name]))
     pieces = sum(len(s.pieces) for s in sessions)
-    return {
+    return {name: {
         "pieces": pieces,
-        "server_cpu_ms_per_piece": 1000 * cpu["server"] / pieces,
-        "redis_cpu_ms_per_piece": 1000 * cpu["redis"] / pieces,
-        "client_cpu_ms_per_piece": 1000 * cpu["client"] / pieces,
-        "pieces_per_second": pieces / wall,
-    }
+        "server_cpu_ms_per_piece": 1000 * totals["server"] / pieces,
+        "redis_cpu_ms_per_piece": 1000 * totals["redis"] / pieces,
+        "client_cpu_ms_per_piece": 1000 * totals["client"] / pieces,
+        "pieces_per_second": pieces / totals["wall"],
+    } for name, totals in spent.items()}
 
 
 async def compare(service: Side, floor: Side, model: str, sessions: list[SessionInput], counts: Sequence[int],
@@ -108,18 +130,16 @@ async def compare(service: Side, floor: Side, model: str, sessions: list[Session
     """Per session count: each side's CPU per piece and the service / floor ratio (median of per-repeat ratios)."""
     from loadtest.bench import in_turn, median
 
-    for side in (service, floor):  # warm-up, untimed
-        await pieces_cpu(side, model, sessions[:1], False, redis_cpu)
+    await pieces_cpu((service, floor), model, sessions[:1], False, redis_cpu)  # warm-up, untimed
     results: dict[str, Any] = {}
     for count in counts:
         concurrent = count > 1
         chosen = sessions[:count] if concurrent else sessions  # 1: every session, one after another
         repeats_rows = []
         for repeat in range(repeats):
-            row: dict[str, Any] = {}
-            for side in in_turn(repeat, service, floor):
-                await settle()
-                row[side.name] = await pieces_cpu(side, model, chosen, concurrent, redis_cpu)
+            await settle()
+            row: dict[str, Any] = await pieces_cpu(in_turn(repeat, service, floor), model, chosen, concurrent,
+                                                   redis_cpu)
             row["ratio"] = (row["service"]["server_cpu_ms_per_piece"] / row["floor"]["server_cpu_ms_per_piece"])
             log.info("  %s sessions, repeat %d: service %.2f ms, floor %.2f ms of server CPU per piece (%.2f)",
                      count, repeat + 1, row["service"]["server_cpu_ms_per_piece"],
