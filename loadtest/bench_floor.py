@@ -93,7 +93,7 @@ async def pieces_cpu(sides: Sequence[Side], model: str, sessions: list[SessionIn
 
     ids = {side.name: [await open_session(side.client, model) for _ in sessions] for side in sides}
     await asyncio.sleep(0.05)
-    length = len(sessions[0].pieces)
+    length = max(len(session.pieces) for session in sessions)
     if concurrent:
         blocks = [[(index, begin, min(begin + BLOCK_PIECES, length)) for index in range(len(sessions))]
                   for begin in range(0, length, BLOCK_PIECES)]
