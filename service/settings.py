@@ -38,16 +38,15 @@ class Settings(BaseSettings):
     )
     redis_key_prefix: str = Field("rtserve", description="Namespace of every Redis key the service writes.")
     redis_timeout_seconds: float = Field(
-        2.0, gt=0, description="How long one Redis operation may take, a wait for a free connection included, before "
-        "the request answers 503 (on a Redis Cluster: each command's socket timeout, so that a failover's retries "
-        "run their course); connecting has as long.",
+        2.0, gt=0, description="How long one Redis operation may take once it has a connection, before the request "
+        "answers 503 (on a Redis Cluster: each command's socket timeout, so that a failover's retries run their "
+        "course); connecting has as long.",
     )
     redis_max_connections: int = Field(
         256, ge=1, description="Redis connections per replica; a request waits for a free one (never fails at once)."
     )
     redis_pool_timeout_seconds: float = Field(
-        10.0, gt=0, description="Longest wait for a free Redis connection before answering 503; on one Redis server "
-        "the operation's RTSERVE_REDIS_TIMEOUT_SECONDS bounds it too."
+        10.0, gt=0, description="Longest wait for a free Redis connection before answering 503."
     )
     embedded_redis_dir: Path | None = Field(
         None, description="Where the embedded Redis keeps its socket and files (default: a temporary folder)."

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AbstractContextManager
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any
 
@@ -80,7 +81,7 @@ class StateStore:
         A broken connection (a pooled socket that a restarted Redis closed) is retried twice on a fresh
         one: every write the service sends is idempotent when repeated (compare-and-set scripts,
         ZADD/SET of the same values), so a repeat can never apply a piece twice. Each operation has
-        ``timeout_seconds``, its wait for a connection included (:meth:`operation`); connecting has as long.
+        ``timeout_seconds`` once it has a connection (:meth:`operation`); connecting has as long.
 
         With ``cluster``, ``url`` names any one node of a Redis Cluster; ``max_connections`` is then per
         node, and redis-py's cluster pool does not wait for a free connection: past that many concurrent
@@ -167,6 +168,9 @@ class StateStore:
         await self.client.aclose()
 
 
+RUNNING_OPERATION: ContextVar[Operation | None] = ContextVar("rtserve_redis_operation", default=None)
+
+
 class WaitingConnectionPool(aioredis.ConnectionPool):
     """redis-py's connection pool, except that a command finding all ``max_connections`` busy waits for one, up to
     ``timeout`` seconds, instead of failing at once ("No connection available." after that, a 503).
@@ -184,11 +188,17 @@ class WaitingConnectionPool(aioredis.ConnectionPool):
 
     async def get_connection(self, *ignored: Any, **named: Any) -> Any:  # redis-py's signature; both unused
         if self._free.locked():
+            operation = RUNNING_OPERATION.get()
+            if operation is not None:
+                operation.pause()  # the wait is the pool's to bound, not the operation's deadline
             try:
                 async with asyncio.timeout(self.timeout):
                     await self._free.acquire()
             except TimeoutError as error:
                 raise RedisConnectionError("No connection available.") from error
+            finally:
+                if operation is not None:
+                    operation.resume()
         else:
             await self._free.acquire()  # a free connection: returns at once
         try:
@@ -211,26 +221,39 @@ class WaitingConnectionPool(aioredis.ConnectionPool):
 class Operation:
     """One operation against Redis (:meth:`StateStore.operation`): cut off after the store's deadline, which a
     cancelled command leaves with its connection closed (redis-py never reuses a connection that was cancelled
-    mid-reply), and any error of Redis's raised as the service's. A class, not a generator: it runs twice per
-    session piece."""
+    mid-reply), and any error of Redis's raised as the service's. A wait for a free connection stops the clock
+    (the pool bounds it with ``RTSERVE_REDIS_POOL_TIMEOUT_SECONDS``); the operation then has the whole deadline
+    again. A class, not a generator: it runs twice per session piece."""
 
-    __slots__ = ("store", "timer", "_deadline")
+    __slots__ = ("store", "timer", "_deadline", "_running")
 
     def __init__(self, store: StateStore, timer: AbstractContextManager[Any] | None = None) -> None:
         self.store, self.timer = store, timer
         self._deadline: asyncio.Timeout | None = None
+        self._running: Token[Operation | None] | None = None
 
     async def __aenter__(self) -> None:
         if self.store.deadline_seconds is not None:
             self._deadline = asyncio.timeout(self.store.deadline_seconds)
             await self._deadline.__aenter__()
+        self._running = RUNNING_OPERATION.set(self)
         if self.timer is not None:
             self.timer.__enter__()
+
+    def pause(self) -> None:
+        if self._deadline is not None:
+            self._deadline.reschedule(None)
+
+    def resume(self) -> None:
+        if self._deadline is not None and self.store.deadline_seconds is not None:
+            self._deadline.reschedule(asyncio.get_running_loop().time() + self.store.deadline_seconds)
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         traceback: TracebackType | None) -> None:
         if self.timer is not None:
             self.timer.__exit__(kind, error, traceback)
+        if self._running is not None:
+            RUNNING_OPERATION.reset(self._running)
         if self._deadline is not None:
             try:
                 await self._deadline.__aexit__(kind, error, traceback)  # our own cancellation -> TimeoutError

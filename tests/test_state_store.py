@@ -170,3 +170,20 @@ async def test_a_connection_that_fails_to_connect_gives_back_its_place_in_the_po
 
     await asyncio.gather(hold(), hold(), hold())  # one at a time: a doubled place would meet "Too many connections"
     await store.close()
+
+
+async def test_a_wait_for_a_free_connection_is_not_charged_to_the_operations_deadline(redis_url: str):
+    """One connection, four operations that hold it 0.2 s each (Redis ends a blocking pop on its 10 Hz clock: up to
+    0.3 s), a 0.5 s deadline: the last waits 0.6 s or more for the connection and still has its whole deadline
+    once it has one (a burst is not a Redis that stopped answering)."""
+    import asyncio
+
+    key = f"test:{uuid.uuid4().hex}:empty"
+    store = StateStore.from_url(redis_url, timeout_seconds=0.5, max_connections=1, pool_timeout_seconds=3.0)
+
+    async def hold() -> None:
+        async with store.operation():
+            await store.client.blpop([key], timeout=0.2)
+
+    await asyncio.gather(*(hold() for _ in range(4)))
+    await store.close()
