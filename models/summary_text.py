@@ -49,12 +49,13 @@ MIN_SENTENCE_WORDS = 4  # shorter units (section headers, fragments) are never c
 # lines, footnotes and author notes ("scale bar: 10 mm.", "mt performed animal experiments.") or fragments
 # left where the text's parentheses were removed upstream ("<cit> . for known disease associations.").
 MIN_UNCASED_SENTENCE_WORDS = 7
-# a unit that points the reader to a table or figure the summary does not have ("Table 2 shows ..."), or
-# ends by saying that something is shown, without where: a caption or legend ("data from three independent
-# productions are shown.")
+# a unit that points the reader to a table or figure the summary does not have ("Table 2 shows ...")
 _DISPLAY_REFERENCE = re.compile(
-    r"\b(?:tables?|figures?|figs?\.|additional files?)\s*(?:<\s*dig\s*>|\d|[ivx]+\b|s\d)"
-    r"|\b(?:is|are)\s+(?:shown|depicted|illustrated|displayed|listed|summari[sz]ed|presented)\s*[.:]?\s*$",
+    r"\b(?:tables?|figures?|figs?\.|additional files?)\s*(?:<\s*dig\s*>|\d|[ivx]+\b|s\d)", re.IGNORECASE)
+# a unit that ends by saying that something is shown, without where: a caption or legend ("data from three
+# independent productions are shown.")
+_LEGEND_ENDING = re.compile(
+    r"\b(?:is|are)\s+(?:shown|depicted|illustrated|displayed|listed|summari[sz]ed|presented)\s*[.:]?\s*$",
     re.IGNORECASE)
 
 
@@ -134,8 +135,8 @@ class DocumentText:
         in_note = [any(a <= start < b for a, b in notes) for start, _ in self.spans]
         units = [self.text[start:end] for start, end in self.spans]
         return [bool(ENDS_SENTENCE.search(unit)) and len(unit.split()) >= shortest and not is_name_list(unit)
-                and not _DISPLAY_REFERENCE.search(unit) and not _LEGEND_KEY.search(unit) and _brackets_pair(unit)
-                and not note
+                and not _DISPLAY_REFERENCE.search(unit) and not _LEGEND_ENDING.search(unit)
+                and not _LEGEND_KEY.search(unit) and _brackets_pair(unit) and not note
                 for unit, note in zip(units, in_note, strict=True)]
 
     def copyable(self, j: int) -> bool:

@@ -45,9 +45,7 @@ class GraphRunner:
         started = time.perf_counter()
         with metered(self.metrics, self.backend, self.model, rows):
             outputs = self.backend.run(inputs)
-        if self.metrics is not None:
-            self.metrics.observe_batch(self.model, self.backend.name, self.graph, rows,
-                                       time.perf_counter() - started, [0.0])
+        self._observe(rows, started, [started])
         return outputs
 
     async def _run_batch(self, inputs: Mapping[str, np.ndarray], rows: int, enqueued: list[float],
@@ -58,10 +56,14 @@ class GraphRunner:
         run = functools.partial(self.backend.run, inputs, keep=keep)
         with metered(self.metrics, self.backend, self.model, rows):
             outputs = await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        self._observe(rows, started, enqueued)
+        return outputs
+
+    def _observe(self, rows: int, started: float, enqueued: list[float]) -> None:
+        """The batch's size and duration (from ``started``), and how long each caller queued before it."""
         if self.metrics is not None:
             self.metrics.observe_batch(self.model, self.backend.name, self.graph, rows,
                                        time.perf_counter() - started, [started - at for at in enqueued])
-        return outputs
 
     async def close(self) -> None:
         if self._worker is not None:
