@@ -291,6 +291,11 @@ _OPENING_PHRASES = ("for example", "for instance", "in addition", "as a result",
 # a demonstrative before a noun anywhere in the unit ("... the virulence of these recombinants") points back
 # like an opening one ("study" excepted: "these studies" of a review, "this study" of the article itself)
 _POINTS_BACK = re.compile(r"(?<!^)\b(?:these|those)\s+(?!stud(?:y|ies)\b)[^\W\d_]{3,}", re.IGNORECASE)
+# the second and later items of an enumeration ("Fourth, species of the genus ...", "Next, tissues were ...")
+_ENUMERATES = re.compile(r"^\W*(?:second|secondly|third|thirdly|fourth|fifth|sixth|lastly|next)\s*,", re.IGNORECASE)
+# a subject pronoun after a short opening phrase ("During cross examination, he asked ...", "Together, they
+# have ..."): a phrase of up to four words, none capitalised but the first, is too short to name its antecedent
+_PRONOUN_AFTER_OPENING = re.compile(r"^\W*[^\W\d_][\w'’-]*(?:\s+[a-z0-9][\w'’-]*){0,3}\s*,\s+(?:he|she|they)\b")
 _FIRST_WORDS = re.compile(r"[A-Za-z']+(?:\s+[A-Za-z']+){0,3}")
 _SPEAKS = (r"(?:said|says|added|adds|told|tells|argued|continued|warned|explained|insisted|claimed|stressed"
            r"|admitted|asked|replied|wrote)")
@@ -315,9 +320,10 @@ def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
     """Per unit, the other units a reader needs to understand it (a reader takes a summary sentence that
     leans on a sentence left out for a non sequitur, or a quote for the wrong speaker's):
 
-    - the unit before, when it opens with a pronoun, a demonstrative or a connective ("He", "These", "But",
-      "For example"), gives a quotation to a pronoun ("..., he said.") or is a quotation that names no speaker
-      (news style gives a run of quoted paragraphs the speaker of the first);
+    - the unit before, when it opens with a pronoun, a demonstrative, a connective or a later item of an
+      enumeration ("He", "These", "But", "For example", "Fourth,"), has a subject pronoun after a short opening
+      phrase ("In his memoirs, he ..."), gives a quotation to a pronoun ("..., he said.") or is a quotation that
+      names no speaker (news style gives a run of quoted paragraphs the speaker of the first);
     - the unit that introduced a name it uses alone: a surname after a title ("Mr Kim") or a capitalised word
       never preceded by another one here ("Faraj continued"), whose first appearance as the second of two
       capitalised words ("Mustafa Faraj", "James Hardie") was in an earlier unit;
@@ -331,7 +337,8 @@ def leans_on(units: Sequence[str]) -> list[frozenset[int]]:
     for j, unit in enumerate(units):
         needs: set[int] = set()
         quotation = _OPENING_QUOTE.match(unit)  # its first word is the speaker's, not the narrator's
-        if j and ((not quotation and (_opens_leaning(unit) or _POINTS_BACK.search(unit)))
+        if j and ((not quotation and (_opens_leaning(unit) or _POINTS_BACK.search(unit) or _ENUMERATES.search(unit)
+                                      or _PRONOUN_AFTER_OPENING.search(unit)))
                   or (_PRONOUN_SPEAKS.search(unit) and not _TITLED_NAME.search(unit))
                   or (quotation and not _SPEAKER.search(unit))):
             needs.add(j - 1)

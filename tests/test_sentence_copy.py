@@ -297,3 +297,17 @@ def test_a_demonstrative_before_a_noun_anywhere_in_a_unit_leans_on_the_unit_befo
              "the yield of those strains was low.", "the assay was run at ph 7."]
     # "these studies" (a review's, or the article's own) do not point back
     assert leans_on(units) == [frozenset(), {0}, frozenset(), {2}, {3}, frozenset()]
+
+
+def test_a_later_item_of_an_enumeration_or_a_pronoun_after_a_short_opening_leans_on_the_unit_before():
+    units = ["three points differ from earlier trees: first, the african species is nested.",
+             "second, our analyses do not support the genus.", "fourth, species of ansonia do not form a clade.",
+             "next, tissues were screened.", "During cross examination, he asked Mr Myers about the books.",
+             "Together, they have a broad distribution.",
+             "Unveiling the slogan at the spring conference, he promised an open party.",
+             "since bacteriocins are proteinaceous substances, they must be sensitive to a protease.",
+             "On Monday, Mr Weingarten tried to distance his client.", "second-placed Arsenal won."]
+    # a phrase long enough to name the pronoun's antecedent does not lean; nor a capitalised word in it, nor
+    # an ordinal that is not an enumeration's item
+    assert leans_on(units) == [frozenset(), {0}, {1}, {2}, {3}, {4}, frozenset(), frozenset(), frozenset(),
+                               frozenset()]

@@ -48,7 +48,7 @@ from models.summary_text import (
 from models.training.common import hardware
 
 PENALTIES = (1e-4, 1e-3, 1e-2, 1e-1)  # L2 strengths tried on dev (per standardised feature)
-LEXICAL_C = (0.3, 1.0, 3.0)  # liblinear's inverse L2 strengths tried on dev for a head with its lexicon
+LEXICAL_C = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # liblinear C (inverse L2) tried on dev, a head with its lexicon
 
 
 @dataclass
