@@ -358,13 +358,19 @@ _STOP_WORDS = frozenset("the and for with from that this was were are been has h
 REPEATS = 0.6  # a unit with more than this share of its content words in one already taken repeats it
 
 
+def _trigrams(unit: str) -> list[tuple[str, ...]]:
+    tokens = re.findall(r"[^\W_]+", unit.lower())
+    return [tuple(tokens[i : i + 3]) for i in range(len(tokens) - 2)]
+
+
 def _content_words(unit: str) -> frozenset[str]:
     return frozenset(word for word in re.findall(r"[a-z0-9]+", unit.lower()) if len(word) > 2 and word not in
                      _STOP_WORDS)
 
 
 def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
-                     limit_tokens: int | None = None, adjacency: float = 0.0) -> list[int]:
+                     limit_tokens: int | None = None, adjacency: float = 0.0,
+                     trigram_overlap: float = 1.0) -> list[int]:
     """The units to copy, in document order.
 
     The document's first copy unit opens the summary (it introduces the story), then the others by score.
@@ -375,7 +381,11 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
 
     ``adjacency`` > 0 ranks a unit next to one already taken as if it scored ``adjacency`` standard deviations
     of the document's scores more, so the summary runs in longer stretches of the document: fewer jumps
-    between topics, at some cost in ROUGE (a model's choice, ``extras.decode.adjacency``)."""
+    between topics, at some cost in ROUGE (a model's choice, ``extras.decode.adjacency``).
+
+    ``trigram_overlap`` < 1 passes over a group more than that share of whose word trigrams the summary already
+    has: a head that favours the sentences dense in the document's key terms otherwise repeats its phrases
+    from sentence to sentence (a model's choice, ``extras.decode.trigram_overlap``)."""
     order = [int(j) for j in np.argsort(-scores, kind="stable") if np.isfinite(scores[j]) and doc.copyable(int(j))]
     if order:
         order.insert(0, order.pop(order.index(min(order))))
@@ -383,6 +393,8 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
     # what a unit leans on and cannot be copied (a title, a header) is not brought: the reader never sees it
     needs = [frozenset(i for i in leaning if doc.copyable(i)) for leaning in leans_on(units)]
     words = [_content_words(unit) for unit in units]
+    trigrams = [_trigrams(unit) for unit in units] if trigram_overlap < 1 else []
+    taken_trigrams: set[tuple[str, ...]] = set()
     chosen: set[int] = set()
     total = 0
     finite = np.isfinite(scores)
@@ -405,12 +417,16 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
         if any(not np.isfinite(scores[k]) for k in group) or any(
                 words[k] and len(words[k] & words[i]) > REPEATS * len(words[k]) for k in group for i in chosen):
             continue
+        group_trigrams = [t for k in sorted(group) for t in trigrams[k]] if trigram_overlap < 1 else []
+        if group_trigrams and sum(t in taken_trigrams for t in group_trigrams) > trigram_overlap * len(group_trigrams):
+            continue
         size = int(doc.tokens[sorted(group)].sum())
         if limit_tokens is not None and total + size > limit_tokens:
             continue
         if not chosen or abs(total + size - target_tokens) < abs(total - target_tokens):
             chosen |= group
             total += size
+            taken_trigrams.update(group_trigrams)
     if not chosen:  # every sentence is too short to copy alone: the best one that fits (none may fit the limit)
         fitting = [int(j) for j in np.argsort(-scores, kind="stable") if np.isfinite(scores[j])
                    and (limit_tokens is None or doc.tokens[j] <= limit_tokens)]
@@ -421,14 +437,14 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
 def copy_sentences(text: str, tokenizer: object, token_logits: np.ndarray, tokens_read: int,
                    position_weights: Sequence[float], target_tokens: int,
                    max_length: int | None = None, lexicon: Lexicon | None = None,
-                   adjacency: float = 0.0) -> list[tuple[str, int]]:
+                   adjacency: float = 0.0, trigram_overlap: float = 1.0) -> list[tuple[str, int]]:
     """Sentence copy of a document: the chosen sentences as the document writes them, with their token
-    counts, in the document's order (``max_length`` caps the tokens; it also caps the target; ``adjacency``:
-    :func:`choose_sentences`)."""
+    counts, in the document's order (``max_length`` caps the tokens; it also caps the target; ``adjacency``,
+    ``trigram_overlap``: :func:`choose_sentences`)."""
     doc = DocumentText(text, tokenizer, tokens_read)
     scores = sentence_scores(doc, np.asarray(token_logits)[:tokens_read], position_weights, lexicon)
     target = min(target_tokens, max_length) if max_length else target_tokens
-    chosen = choose_sentences(doc, scores, target, max_length or None, adjacency)
+    chosen = choose_sentences(doc, scores, target, max_length or None, adjacency, trigram_overlap)
     return [(doc.sentence(j), int(doc.tokens[j])) for j in chosen]
 
 

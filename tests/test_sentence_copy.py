@@ -171,6 +171,20 @@ def test_adjacency_ranks_a_unit_next_to_one_taken_above_a_better_scored_one_apar
     assert choose_sentences(doc, scores, target, adjacency=1.0) == [0, 1]  # a standard deviation (1.12) of pull does
 
 
+def test_trigram_overlap_passes_over_a_unit_that_repeats_the_summary_s_phrases():
+    text = ("Renal cortical echogenicity was measured in dogs and cats. "
+            "We found that renal cortical echogenicity in dogs and cats rose steadily with age and weight. "
+            "Kidney size was recorded for every animal in the clinic.")
+    doc = DocumentText(text, TOKENIZER, 10_000)
+    scores = np.array([0.0, 2.0, 1.0])
+    target = int(doc.tokens[0] + doc.tokens[1])
+    # 3 of the second unit's 14 trigrams are in the first ("renal cortical echogenicity", "in dogs and", "dogs and
+    # cats"), and half its content words are new, so only the trigram rule passes it over
+    assert choose_sentences(doc, scores, target) == [0, 1]
+    assert choose_sentences(doc, scores, target, trigram_overlap=0.5) == [0, 1]
+    assert choose_sentences(doc, scores, target, trigram_overlap=0.2) == [0, 2]
+
+
 def test_searches_end_at_the_first_sentence_end_past_the_target():
     vocab = np.array([5, 6, 7, 102], dtype=np.int64)  # 7 ends a sentence, 102 is eos
     steps = {0: 0, 1: 2, 2: 0, 3: 2}  # the best column per step: word, end, word, end

@@ -130,6 +130,7 @@ def test_the_export_writes_the_measured_scores_into_the_manifest(news_repository
     assert manifest["settings"]["metrics"]["test"] == measured
     decode = json.loads((WEIGHTS / "config.json").read_text())["extras"]["decode"]
     assert manifest["settings"]["copy_adjacency"] == decode.get("adjacency", 0.0)  # sentence copy's, as chosen
+    assert manifest["settings"]["copy_trigram_overlap"] == decode.get("trigram_overlap", 1.0)
     for folder in sorted(ROOT.joinpath("weights").glob("*/config.json")):  # every shipped model has its scores
         extras = json.loads(folder.read_text())["extras"]
         assert extras.get("metrics") or (folder.parent / "metrics.json").exists(), folder.parent.name

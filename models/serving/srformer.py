@@ -233,6 +233,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
             "beam_size": int(decode_defaults.get("beams", 1) or 1),
             "no_repeat_ngram": int(decode_defaults.get("no_repeat_ngram", 0) or 0),
             "copy_adjacency": float(decode_defaults.get("adjacency", 0.0) or 0.0),  # sentence copy's choice
+            "copy_trigram_overlap": float(decode_defaults.get("trigram_overlap", 1.0)),
             "metrics": extras.get("test_rouge", extras.get("metrics", {})),
         },
         assets={"tokenizer": tokenizer_file()},
@@ -336,9 +337,10 @@ class EagerSummarizer:
         return (memory, source_ids, *self.stream.document(chunks))
 
     def summarize_pieces(self, pieces: list[str], beams: int = 1, no_repeat_ngram: int = 0,
-                         max_len: int | None = None, decoding: str | None = None, adjacency: float = 0.0) -> str:
+                         max_len: int | None = None, decoding: str | None = None, adjacency: float = 0.0,
+                         trigram_overlap: float = 1.0) -> str:
         """The summary the service writes for these pieces (``decoding``: the model's default when None;
-        ``adjacency``: sentence copy's, :func:`models.summary_text.choose_sentences`)."""
+        ``adjacency``, ``trigram_overlap``: sentence copy's, :func:`models.summary_text.choose_sentences`)."""
         state, chunks = self.init_state(), []
         for piece in pieces:
             state, chunk = self.feed(state, piece)
@@ -352,7 +354,7 @@ class EagerSummarizer:
             assert salience is not None and self.model.salience_position is not None, "no salience head"
             target = c.summary_length or max(1, math.ceil(c.summary_ratio * read))
             sentences = copy_sentences(text, self.tokenizer, salience, read, self.model.salience_position.tolist(),
-                                       target, max_len, self.model.lexicon(), adjacency)
+                                       target, max_len, self.model.lexicon(), adjacency, trigram_overlap)
             return " ".join(sentence for sentence, _ in sentences)
         layers = [{kind: torch.from_numpy(memory[f"{kind}{layer}"]) for kind in ("k", "v", "kv", "ksq")}
                   for layer in range(c.n_layer)]

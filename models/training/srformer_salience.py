@@ -209,6 +209,8 @@ def fit_main(argv: Sequence[str]) -> int:
     parser.add_argument("--dev-docs", type=int, default=0, help="dev documents used for the choice (0 = all)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--lexical", action="store_true", help="fit the head with its lexicon (module docstring)")
+    parser.add_argument("--penalties", type=float, nargs="+", help="the penalties tried on dev (default: "
+                        f"{PENALTIES}; with --lexical, liblinear's C: {LEXICAL_C})")
     args = parser.parse_args(list(argv))
     torch.set_num_threads(args.threads)
     started = time.time()
@@ -225,7 +227,7 @@ def fit_main(argv: Sequence[str]) -> int:
     references = [t.reference for t in dev]
     trials = []
     idf = inverse_document_frequency(train, int(config.get("vocab_size", 30522))) if args.lexical else None
-    for penalty in LEXICAL_C if idf is not None else PENALTIES:
+    for penalty in args.penalties or (LEXICAL_C if idf is not None else PENALTIES):
         if idf is not None:
             w, b, p, lexicon = fit_lexical_head(train, idf, penalty)
         else:

@@ -70,6 +70,7 @@ class SummarizePipeline(TextPipeline):
         self.position_weights = s.get("salience_position")  # None: no salience head, no sentence copy
         self.lexicon = load_lexicon(entry, manifest)
         self.copy_adjacency = float(s.get("copy_adjacency") or 0.0)
+        self.copy_trigram_overlap = float(s.get("copy_trigram_overlap", 1.0))
         self.default_decoding = str(s.get("decoding") or ("sentence" if self.position_weights else "free"))
 
     # ---- reading the document ------------------------------------------------------------------
@@ -155,7 +156,7 @@ class SummarizePipeline(TextPipeline):
                         max_length: int | None) -> list[tuple[str, int]]:
         return copy_sentences(text, self.tokenizer, salience, read, self.position_weights,
                               self.stream.summary_tokens(read), int(max_length) if max_length else None, self.lexicon,
-                              self.copy_adjacency)
+                              self.copy_adjacency, self.copy_trigram_overlap)
 
     async def _stream(self, run: Callable[..., Awaitable[list[int]]], beams: int, result: dict[str, Any],
                       known: frozenset[tuple[int, ...]] | None, case: DocumentCase) -> AsyncIterator[str]:
