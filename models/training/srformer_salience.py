@@ -176,9 +176,11 @@ def fit_lexical_head(tables: list[DocumentSentences], idf: np.ndarray, c: float
 
 
 def copied_summaries(tables: list[DocumentSentences], w: np.ndarray, b: float, p: np.ndarray,
-                     summary_ratio: float, summary_length: int, lexicon: Lexicon | None = None) -> list[str]:
-    """What the service would copy, per document, with this head (the token logits mean per sentence
-    equals the head on the mean feature, so the sentence features stand in for the tokens)."""
+                     summary_ratio: float, summary_length: int, lexicon: Lexicon | None = None,
+                     adjacency: float = 0.0, trigram_overlap: float = 1.0) -> list[str]:
+    """What the service would copy, per document, with this head and the model's choice options (the token
+    logits mean per sentence equals the head on the mean feature, so the sentence features stand in for the
+    tokens)."""
     out = []
     for table in tables:
         doc = table.doc
@@ -188,7 +190,8 @@ def copied_summaries(tables: list[DocumentSentences], w: np.ndarray, b: float, p
         token_logits[kept] = (table.features @ w + b)[doc.sentence_of[kept]]
         scores = sentence_scores(doc, token_logits, p, lexicon)
         target = summary_length or max(1, math.ceil(summary_ratio * read))
-        out.append(" ".join(doc.sentence(j) for j in choose_sentences(doc, scores, target)))
+        chosen = choose_sentences(doc, scores, target, adjacency=adjacency, trigram_overlap=trigram_overlap)
+        out.append(" ".join(doc.sentence(j) for j in chosen))
     return out
 
 
@@ -224,6 +227,9 @@ def fit_main(argv: Sequence[str]) -> int:
     print(f"salience: {len(train)} train documents, {len(y)} sentences ({y.mean():.1%} copied by the oracle)",
           file=sys.stderr)
     ratio, length = float(config["summary_ratio"]), int(config["summary_length"])
+    choice = checkpoint.extras.get("decode", {})  # the model's sentence-copy options, as the service applies them
+    options = {"adjacency": float(choice.get("adjacency", 0.0) or 0.0),
+               "trigram_overlap": float(choice.get("trigram_overlap", 1.0))}
     references = [t.reference for t in dev]
     trials = []
     idf = inverse_document_frequency(train, int(config.get("vocab_size", 30522))) if args.lexical else None
@@ -232,7 +238,7 @@ def fit_main(argv: Sequence[str]) -> int:
             w, b, p, lexicon = fit_lexical_head(train, idf, penalty)
         else:
             (w, b, p), lexicon = fit_head(x, y, penalty), None
-        scores = rouge_scores(copied_summaries(dev, w, b, p, ratio, length, lexicon), references)
+        scores = rouge_scores(copied_summaries(dev, w, b, p, ratio, length, lexicon, **options), references)
         trials.append({"penalty": penalty, "dev": scores, "head": (w, b, p, lexicon)})
         print(json.dumps({"penalty": penalty, "dev": scores}), file=sys.stderr)
     best = max(trials, key=lambda t: sum(t["dev"].values()))
