@@ -83,7 +83,7 @@ class Side:
 
 
 async def pieces_cpu(sides: Sequence[Side], model: str, sessions: list[SessionInput], concurrent: bool,
-                                 redis_cpu: Any) -> dict[str, dict[str, float]]:
+                     redis_cpu: Any) -> dict[str, dict[str, float]]:
     """Per side: server, Redis and client CPU and the wall time of every piece of ``sessions`` (opened before and
     closed after, untimed). The work is cut into blocks that go to each side in turn, the first side alternating
     per block, and each side's figures are summed over its own blocks: both sides are measured across the same

@@ -417,7 +417,7 @@ def choose_sentences(doc: DocumentText, scores: np.ndarray, target_tokens: int,
         if any(not np.isfinite(scores[k]) for k in group) or any(
                 words[k] and len(words[k] & words[i]) > REPEATS * len(words[k]) for k in group for i in chosen):
             continue
-        group_trigrams = [t for k in sorted(group) for t in trigrams[k]] if trigram_overlap < 1 else []
+        group_trigrams = [t for k in sorted(group) for t in trigrams[k]] if trigrams else []
         if group_trigrams and sum(t in taken_trigrams for t in group_trigrams) > trigram_overlap * len(group_trigrams):
             continue
         size = int(doc.tokens[sorted(group)].sum())
