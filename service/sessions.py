@@ -182,6 +182,13 @@ WAIT_SECONDS = 60.0  # longest wait behind a live holder that keeps refreshing i
 FIRST_LOOK_SECONDS = 0.02  # a waiter's first look at a lock another request holds (a quick step has committed)
 
 
+def new_session_id() -> str:
+    """192 random bits, URL-safe, never starting with "-" so a shell or a command line never reads one as an option."""
+    while (session_id := secrets.token_urlsafe(24)).startswith("-"):
+        pass
+    return session_id
+
+
 class SessionNotFound(LookupError):
     """Unknown, expired, deleted, or owned by another API key (HTTP 404)."""
 
@@ -308,7 +315,7 @@ class SessionStore:
         quota = quota or owner
         now = time.time()
         deadline = now + self.settings.session_max_lifetime_seconds
-        session_id = secrets.token_urlsafe(24)  # 192 random bits
+        session_id = new_session_id()
         keys = self._keys(session_id)
         blob = encode_tensors(state)
         ttl = self._ttl(deadline)

@@ -227,3 +227,12 @@ def test_active_sessions_are_counted_in_redis_the_same_on_every_replica(reposito
         assert short_lived.delete(f"/sessions/{deleted['id']}").status_code == 204
         time.sleep(1.2)
         assert _active_sessions(first) == _active_sessions(short_lived) == {"rsa-tiny:1": 0.0}
+
+
+def test_a_session_id_never_starts_with_a_dash(monkeypatch):
+    # A shell and the CLI read "-QuS1..." as an option: `rtserve session status <id>` would fail on one id in 64.
+    from service import sessions
+    drawn = iter(["-QuS19uU0VkgxBD", "_x-", "QuS19uU0VkgxBD"])
+    monkeypatch.setattr(sessions.secrets, "token_urlsafe", lambda nbytes: next(drawn))
+    assert sessions.new_session_id() == "_x-"
+    assert sessions.new_session_id() == "QuS19uU0VkgxBD"
