@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from models.checkpoint import load_checkpoint
 from models.data.files import (
     DataFileError,
     check_labels,
@@ -306,11 +307,14 @@ def test_a_summarizer_from_jsonl_is_exported_and_served(tmp_path, capsys, monkey
     rng = random.Random(0)
     words = "the council approved a new budget for schools and roads after a long debate on monday".split()
 
+    def sentence() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(6, 10))).capitalize() + "."
+
     def pairs(path: Path, count: int) -> Path:
         rows = []
         for _ in range(count):
-            article = " ".join(rng.choice(words) for _ in range(60))
-            rows.append({"article": article, "abstract": " ".join(article.split()[:8])})
+            sentences = [sentence() for _ in range(6)]
+            rows.append({"article": " ".join(sentences), "abstract": " ".join(rng.sample(sentences, 2))})
         return write_jsonl(path, rows)
 
     train, dev = pairs(tmp_path / "train.jsonl", 12), pairs(tmp_path / "dev.jsonl", 3)
@@ -319,12 +323,22 @@ def test_a_summarizer_from_jsonl_is_exported_and_served(tmp_path, capsys, monkey
     assert rtserve(["train", "srformer", "--train", str(train), "--dev", str(dev), *fields, "--out", str(run),
                     "--d-model", "32", "--layers", "1", "--heads", "2", "--epochs", "1", "--max-source", "64",
                     "--max-target", "16", "--dev-limit", "2", "--batch-size", "4", "--device", "cpu"]) == 0
+    # the salience head was fitted on the same files, so the model serves sentence copy, as the bundled ones do
+    salience = load_checkpoint(run).extras["salience"]
+    assert salience["lexical"] and salience["train_documents"] == 12 and salience["dev_documents"] == 3
     assert rtserve(["export", str(run), "--name", "notes", "--format", "onnx", "--out", str(repository)]) == 0
     capsys.readouterr()
     assert rtserve(["eval", str(repository / "notes" / "1"), "--data", str(dev), *fields]) == 0
     scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert scores["pairs"] == 3 and 0 <= scores["rouge1"] <= 1
+    assert scores["systems"]["model"]["verbatim_sentences"] == 1.0
+    # the checkpoint, scored before export, writes what the entry serves
+    assert rtserve(["eval", str(run), "--data", str(dev), *fields]) == 0
+    eager = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert eager["decoding"] == "sentence" and eager["rouge1"] == pytest.approx(scores["rouge1"], abs=1e-4)
+    article = json.loads(dev.read_text().splitlines()[0])["article"]
     with make_client(repository, redis_url, key_prefix) as client:
-        answer = client.post("/summarize", json={"text": json.loads(dev.read_text().splitlines()[0])["article"],
-                                                 "model": "notes", "max_length": 12})
-    assert answer.status_code == 200 and answer.json()["summary_tokens"] >= 1
+        answer = client.post("/summarize", json={"text": article, "model": "notes"})
+    assert answer.status_code == 200 and answer.json()["decoding"] == "sentence"
+    summary = answer.json()["summary"]
+    assert summary and all(f"{s}." in article for s in summary.rstrip(".").split(". "))

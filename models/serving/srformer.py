@@ -19,6 +19,7 @@ which the service wraps (``service/runtime/summarize.py``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -95,6 +96,31 @@ class DecodeStep(nn.Module):
         for layer in range(self.n_layer):
             outputs += [new[f"self_k{layer}"], new[f"self_v{layer}"], new[f"membrane{layer}"], new[f"raf_out{layer}"]]
         return tuple(outputs)
+
+
+@dataclass(frozen=True)
+class ServedDecoding:
+    """How the service writes a checkpoint's summaries when a request names no option."""
+    decoding: str  # "sentence" (copy, the salience head's choice) or "free" (generation)
+    beams: int
+    no_repeat_ngram: int
+    adjacency: float  # sentence copy's choice options (models.summary_text.choose_sentences)
+    trigram_overlap: float
+
+
+def served_decoding(checkpoint: Checkpoint) -> ServedDecoding:
+    """The decoding chosen on dev, where the checkpoint records it (``extras.decode``); otherwise sentence copy
+    for a checkpoint with a salience head and free generation without one. Export and eval both read it here."""
+    extras = checkpoint.extras
+    chosen = extras.get("decode", extras)
+    salience = bool(checkpoint.config.get("salience", False))
+    return ServedDecoding(
+        decoding=str(chosen.get("decoding", "sentence" if salience else "free")),
+        beams=int(chosen.get("beams", 1) or 1),
+        no_repeat_ngram=int(chosen.get("no_repeat_ngram", 0) or 0),
+        adjacency=float(chosen.get("adjacency", 0.0) or 0.0),
+        trigram_overlap=float(chosen.get("trigram_overlap", 1.0)),
+    )
 
 
 def srformer_servable(checkpoint: Checkpoint) -> Servable:
@@ -215,8 +241,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
     )
     state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh, c.kv_columns, c.salience)
     extras = checkpoint.extras
-    decode_defaults = extras.get("decode", extras)  # the decoding chosen on dev, where recorded
-    decoding = str(decode_defaults.get("decoding", "sentence" if c.salience else "free"))
+    served = served_decoding(checkpoint)
     position = model.salience_position.tolist() if model.salience_position is not None else None
     lexicon = model.lexicon()
     return Servable(
@@ -227,13 +252,13 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         state_spec=state_spec,
         settings={
             **stream_settings(c),
-            "decoding": decoding,
+            "decoding": served.decoding,
             "salience_position": position,
             "salience_lexical": list(lexicon.weights) if lexicon else None,  # q; v and idf: assets["lexicon"]
-            "beam_size": int(decode_defaults.get("beams", 1) or 1),
-            "no_repeat_ngram": int(decode_defaults.get("no_repeat_ngram", 0) or 0),
-            "copy_adjacency": float(decode_defaults.get("adjacency", 0.0) or 0.0),  # sentence copy's choice
-            "copy_trigram_overlap": float(decode_defaults.get("trigram_overlap", 1.0)),
+            "beam_size": served.beams,
+            "no_repeat_ngram": served.no_repeat_ngram,
+            "copy_adjacency": served.adjacency,  # sentence copy's choice
+            "copy_trigram_overlap": served.trigram_overlap,
             "metrics": extras.get("test_rouge", extras.get("metrics", {})),
         },
         assets={"tokenizer": tokenizer_file()},

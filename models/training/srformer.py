@@ -2,7 +2,7 @@
 Summary and SumPubMed.
 
     rtserve train srformer --train train.jsonl --dev dev.jsonl --out runs/notes  # {"source": ..., "summary": ...}
-    rtserve eval runs/notes --data test.jsonl
+    rtserve eval runs/notes --data test.jsonl   # what the service writes: sentence copy (the salience head)
     rtserve train srformer --data ../shared/data/bbc-news-summary --cross-attention srformer \\
         --segment-size 16 --seed 0 --out runs/srformer-s16-seed0
     rtserve eval runs/srformer-s16-seed0 --data ../shared/data/bbc-news-summary --split test
@@ -17,7 +17,9 @@ the greedy dev ROUGE (first ``--dev-limit`` documents; ``--dev-no-repeat-ngram``
 decodes them as the service will) are measured and the epoch with the best dev
 ROUGE-1 is kept (the test split is never looked at).
 The checkpoint holds only the decoder (MiniLM's word embeddings and encoder
-come from the pip package).
+come from the pip package), and, on a user's files (``--salience``, by default),
+the salience head fitted after it on the same pairs
+(``models/training/srformer_salience.py``), so the model serves sentence copy.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ from rtserve.families import family
 CACHE_ROOT = Path("cache")
 Corpus = ModuleType | PairsFile  # a corpus module (models.data.bbc, models.data.sumpubmed) or a user's file
 DEFAULT_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# liblinear C tried for a head with its lexicon fitted after training: the range BBC (10) and SumPubMed (1-3)
+# chose from; the fit's wider default grid reaches C = 100, which took over 50 min on 104k sentences
+AFTER_TRAINING_C = (1.0, 3.0, 10.0)
 
 
 # ---- frozen encoder cache -------------------------------------------------------------------
@@ -345,9 +350,15 @@ def train_main(argv: Sequence[str]) -> int:
                         help="decode the selection's dev summaries with this no-repeat n-gram rule (0 = plain greedy)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
+    parser.add_argument("--salience", choices=["lexical", "plain", "none"], default=None,
+                        help="after the decoder, fit the salience head that chooses the sentences the summary copies "
+                        "(the served decoding becomes sentence copy; models/training/srformer_salience.py): with "
+                        "its lexicon, without, or not at all. Default: lexical with --train/--dev; none with --data, "
+                        "whose recipe fits the head in a step of its own (docs/summarization.md)")
     args = parser.parse_args(list(argv))
     if (args.data is None) == (args.train is None) or (args.train is None) != (args.dev is None):
         parser.error("give --train FILE --dev FILE (JSON Lines), or --data FOLDER")
+    salience = args.salience or ("none" if args.data else "lexical")
     # a user's files are read (and refused, naming a bad line) before any model is built
     train_corpus, dev_corpus = (None, None) if args.data else (pairs_file(args.train, args), pairs_file(args.dev, args))
     from tqdm import tqdm
@@ -407,7 +418,7 @@ def train_main(argv: Sequence[str]) -> int:
             diagnostics.add(model, norms)
             optimizer.step()
             scheduler.step()
-            running, count = running + float(loss), count + 1
+            running, count = running + loss.item(), count + 1
             progress.update(1)
             progress.set_postfix(loss=f"{running / count:.3f}")
         model.eval()
@@ -439,9 +450,32 @@ def train_main(argv: Sequence[str]) -> int:
     checkpoint.extras["history"] = history
     checkpoint.extras["train_seconds_total"] = round(time.time() - started, 1)
     save_checkpoint(args.out, "srformer", config, checkpoint.state_dict, checkpoint.extras)
-    print(json.dumps({"out": str(args.out), "best_dev_rouge1": best, "epochs": len(history),
-                      "train_seconds": round(time.time() - started, 1)}))
+    done = {"out": str(args.out), "best_dev_rouge1": best, "epochs": len(history),
+            "train_seconds": round(time.time() - started, 1)}
+    if salience != "none":
+        done["salience"] = fit_salience_after_training(args, salience, train_corpus, dev_corpus)
+    print(json.dumps(done))
     return 0
+
+
+def fit_salience_after_training(args: argparse.Namespace, kind: str, train_corpus: PairsFile | None,
+                                dev_corpus: PairsFile | None) -> dict:
+    """The salience head fitted on the documents the decoder was trained on, chosen on the same dev documents;
+    written into the checkpoint ``args.out``."""
+    from models.training.srformer_salience import Documents, fit_salience
+
+    if train_corpus is not None and dev_corpus is not None:
+        train_keys = train_corpus.all_keys()[: args.train_limit or None]
+        train = Documents(train_corpus.path, train_keys, train_corpus)
+        dev = Documents(dev_corpus.path, dev_corpus.all_keys(), dev_corpus)
+    else:
+        train_keys = corpus_of(args.data).split_keys(args.data, "train")
+        train = Documents(args.data, train_keys[: args.train_limit or None])
+        dev = Documents.of_split(args.data, "dev", 0)
+    command = f"rtserve train srformer ... --salience {kind} (after the decoder: the same train and dev documents)"
+    penalties = AFTER_TRAINING_C if kind == "lexical" else None
+    return fit_salience(args.out, args.out, train, dev, lexical=kind == "lexical", penalties=penalties,
+                        threads=args.threads, command=command)
 
 
 # ---- eval ----------------------------------------------------------------------------------
@@ -456,12 +490,17 @@ def eval_main(argv: Sequence[str]) -> int:
     parser.add_argument("--source-field", default="source", help="JSON Lines: the document's field")
     parser.add_argument("--summary-field", default="summary", help="JSON Lines: the reference summary's field")
     parser.add_argument("--limit", type=int, default=0)
-    parser.add_argument("--beams", type=int, default=1)
-    parser.add_argument("--no-repeat-ngram", type=int, default=0)
+    parser.add_argument("--decoding", choices=["sentence", "free"], default=None,
+                        help="sentence copy or free generation; default: what the service writes for this checkpoint "
+                        "(sentence copy, read through the served stream, when it has a salience head)")
+    parser.add_argument("--beams", type=int, default=None, help="free generation's beams (default: the served)")
+    parser.add_argument("--no-repeat-ngram", type=int, default=None,
+                        help="free generation's no-repeat n-gram rule (default: the served)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default=DEFAULT_DEVICE, help="cpu or cuda (encoder cache, training, decoding)")
     parser.add_argument("--stream", action="store_true",
-                        help="read text through the served stream (EagerSummarizer), not the cache")
+                        help="read text through the served stream (EagerSummarizer), not the cache (sentence copy "
+                        "always does)")
     parser.add_argument("--recurrent-part", choices=RECURRENT_PARTS, default=None,
                         help="diagnostic: score the checkpoint with this recurrent part (off = O_R zeroed)")
     parser.add_argument("--cross-attention", choices=["full", "segmented", "srformer"], default=None,
@@ -476,17 +515,25 @@ def eval_main(argv: Sequence[str]) -> int:
     overrides = {name: value for name, value in (("recurrent_part", args.recurrent_part),
                                                  ("cross_attention", args.cross_attention),
                                                  ("recurrent_norm", args.recurrent_norm)) if value is not None}
-    model = load_srformer(str(args.checkpoint), **overrides).to("cpu" if args.stream else args.device)  # stream: CPU
+    from models.serving.srformer import served_decoding
+
+    served = served_decoding(load_checkpoint(args.checkpoint))
+    decoding = args.decoding or served.decoding
+    beams = served.beams if args.beams is None else args.beams
+    no_repeat_ngram = served.no_repeat_ngram if args.no_repeat_ngram is None else args.no_repeat_ngram
+    stream_path = args.stream or decoding == "sentence"  # sentence copy reads the document's text
+    model = load_srformer(str(args.checkpoint), **overrides).to("cpu" if stream_path else args.device)  # stream: CPU
     tokenizer = load_minilm_tokenizer()
     c = model.config
-    if args.stream:
+    if stream_path:
         from models.minilm import load_minilm_encoder
         from models.serving.srformer import EagerSummarizer
 
         stream = EagerSummarizer(model, load_minilm_encoder(), tokenizer)
         pairs = (corpus or corpus_of(args.data)).load_split(args.data, args.split, args.limit or None)
         started = time.perf_counter()
-        texts = [stream.summarize(p.document, beams=args.beams, no_repeat_ngram=args.no_repeat_ngram)
+        texts = [stream.summarize(p.document, decoding=decoding, beams=beams, no_repeat_ngram=no_repeat_ngram,
+                                  adjacency=served.adjacency, trigram_overlap=served.trigram_overlap)
                  for p in pairs]
         seconds = time.perf_counter() - started
         references = [p.summary for p in pairs]
@@ -494,14 +541,15 @@ def eval_main(argv: Sequence[str]) -> int:
     else:
         examples = load_examples(args.data, args.split, c.max_source, c.encoder_window, args.limit or None,
                                  corpus=corpus)
-        texts, speed = summarize_examples(model, examples, tokenizer, args.beams, args.no_repeat_ngram)
+        texts, speed = summarize_examples(model, examples, tokenizer, beams, no_repeat_ngram)
         references = [e.reference for e in examples]
     scores = rouge_scores(texts, references)
     print(json.dumps({"checkpoint": str(args.checkpoint), "split": args.split if corpus is None else str(args.data),
                       "n": len(texts),
                       "cross_attention": c.cross_attention, "segment_size": c.segment_size,
                       "recurrent_norm": c.recurrent_norm, "recurrent_part": c.recurrent_part,
-                      "beams": args.beams, "no_repeat_ngram": args.no_repeat_ngram,
+                      "decoding": decoding, **({"beams": beams, "no_repeat_ngram": no_repeat_ngram}
+                                               if decoding == "free" else {}),
                       "rouge1": scores["rouge1"], "rouge2": scores["rouge2"], "rougeL": scores["rougeL"],
                       **speed, "threads": args.threads}))
     return 0

@@ -2,6 +2,8 @@
 
     python -m models.training.srformer_salience fit weights/srformer-news \\
         --data ../shared/data/bbc-news-summary --train-docs 600 --out runs/news-salience
+    python -m models.training.srformer_salience fit runs/notes --train train.jsonl --dev dev.jsonl \\
+        --lexical --out runs/notes   # a user's pairs (``rtserve train srformer --train/--dev`` does this itself)
 
 The head (``models/summary_text.py`` gives the sentence score) reads the frozen MiniLM encoder's outputs,
 which the decoder recipe caches (``models/training/srformer.py``: ``build_cache``), so fitting it never
@@ -36,7 +38,8 @@ import torch
 
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.baselines import greedy_oracle
-from models.data.summarization import corpus_of, rouge_scores
+from models.data.summarization import PairsFile, corpus_of, rouge_scores
+from models.serving.srformer import served_decoding
 from models.summary_text import (
     DocumentText,
     Lexicon,
@@ -72,14 +75,16 @@ def oracle_labels(sentences: list[str], reference: str) -> list[int]:
 
 
 # ---- sentence tables ----------------------------------------------------------------------------
-def sentence_tables(data: Path, keys: list[str], max_source: int) -> list[DocumentSentences]:
+def sentence_tables(data: Path, keys: list[str], max_source: int, corpus: PairsFile | None = None
+                    ) -> list[DocumentSentences]:
+    """The sentences of ``keys`` in a corpus folder ``data``, or in a user's file (``corpus``, read from ``data``)."""
     from models.minilm import load_minilm_tokenizer
     from models.training.srformer import load_examples_of
 
-    corpus = corpus_of(data)
+    corpus = corpus or corpus_of(data)
     tokenizer = load_minilm_tokenizer()
     tables = []
-    for example in load_examples_of(data, keys, max_source):
+    for example in load_examples_of(data, keys, max_source, corpus=corpus):
         pair = corpus.read_pair(data, example.key)
         doc = DocumentText(pair.document, tokenizer, len(example.source))
         if not np.array_equal(doc.ids, example.source.numpy()):
@@ -202,38 +207,50 @@ def spread(keys: list[str], count: int) -> list[str]:
     return keys[:: len(keys) // count][:count]
 
 
-def fit_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.training.srformer_salience fit")
-    parser.add_argument("checkpoint", type=Path, help="a trained SRformer checkpoint (its decoder is kept)")
-    parser.add_argument("--data", required=True, type=Path)
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--train-docs", type=int, default=0, help="train documents used, spread over the split "
-                        "(0 = all)")
-    parser.add_argument("--dev-docs", type=int, default=0, help="dev documents used for the choice (0 = all)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--lexical", action="store_true", help="fit the head with its lexicon (module docstring)")
-    parser.add_argument("--penalties", type=float, nargs="+", help="the penalties tried on dev (default: "
-                        f"{PENALTIES}; with --lexical, liblinear's C: {LEXICAL_C})")
-    args = parser.parse_args(list(argv))
-    torch.set_num_threads(args.threads)
+@dataclass
+class Documents:
+    """Where the fit reads documents: a corpus folder's split, or a user's file of pairs (its every line)."""
+    data: Path
+    keys: list[str]
+    corpus: PairsFile | None = None  # None: ``data`` is a corpus folder
+
+    @classmethod
+    def of_split(cls, data: Path, split: str, count: int) -> Documents:
+        return cls(data, spread(corpus_of(data).split_keys(data, split), count))
+
+    @classmethod
+    def of_file(cls, pairs: PairsFile, count: int) -> Documents:
+        return cls(pairs.path, spread(pairs.all_keys(), count), pairs)
+
+    def tables(self, max_source: int) -> list[DocumentSentences]:
+        return sentence_tables(self.data, self.keys, max_source, self.corpus)
+
+
+def fit_salience(checkpoint_path: Path, out: Path, train_documents: Documents, dev_documents: Documents, *,
+                 lexical: bool, penalties: Sequence[float] | None = None, threads: int = 1,
+                 command: str = "") -> dict:
+    """Fit the head on ``train_documents``, choose its penalty on ``dev_documents`` by the ROUGE of what
+    the service would copy, and write the checkpoint, its decoder unchanged, to ``out`` (may be
+    ``checkpoint_path`` itself). Returns the choice: penalty and dev scores."""
+    torch.set_num_threads(threads)
     started = time.time()
-    checkpoint = load_checkpoint(args.checkpoint)
+    checkpoint = load_checkpoint(checkpoint_path)
     config = dict(checkpoint.config)
-    corpus = corpus_of(args.data)
     max_source = int(config["max_source"])
-    train = sentence_tables(args.data, spread(corpus.split_keys(args.data, "train"), args.train_docs), max_source)
-    dev = sentence_tables(args.data, spread(corpus.split_keys(args.data, "dev"), args.dev_docs), max_source)
+    train, dev = train_documents.tables(max_source), dev_documents.tables(max_source)
     x, y = design(train)
+    if y.min() == y.max():
+        raise ValueError(f"the oracle copies {'every' if y.max() else 'no'} training sentence ({len(y)} sentences in "
+                         f"{len(train)} documents): the head needs documents of several sentences, some not copied")
     print(f"salience: {len(train)} train documents, {len(y)} sentences ({y.mean():.1%} copied by the oracle)",
           file=sys.stderr)
     ratio, length = float(config["summary_ratio"]), int(config["summary_length"])
-    choice = checkpoint.extras.get("decode", {})  # the model's sentence-copy options, as the service applies them
-    options = {"adjacency": float(choice.get("adjacency", 0.0) or 0.0),
-               "trigram_overlap": float(choice.get("trigram_overlap", 1.0))}
+    served = served_decoding(checkpoint)  # the model's sentence-copy options, as the service applies them
+    options = {"adjacency": served.adjacency, "trigram_overlap": served.trigram_overlap}
     references = [t.reference for t in dev]
     trials = []
-    idf = inverse_document_frequency(train, int(config.get("vocab_size", 30522))) if args.lexical else None
-    for penalty in args.penalties or (LEXICAL_C if idf is not None else PENALTIES):
+    idf = inverse_document_frequency(train, int(config.get("vocab_size", 30522))) if lexical else None
+    for penalty in penalties or (LEXICAL_C if idf is not None else PENALTIES):
         if idf is not None:
             w, b, p, lexicon = fit_lexical_head(train, idf, penalty)
         else:
@@ -254,16 +271,50 @@ def fit_main(argv: Sequence[str]) -> int:
         weights["salience_idf"] = torch.from_numpy(lexicon.idf.astype(np.float32))
     decode = dict(checkpoint.extras.get("decode", {}), decoding="sentence")
     extras = dict(checkpoint.extras, decode=decode, salience={
-        "data": str(args.data), "train_documents": len(train), "train_sentences": int(len(y)),
-        "oracle_share": round(float(y.mean()), 4), "dev_documents": len(dev),
+        "data": str(train_documents.data), "dev_data": str(dev_documents.data), "train_documents": len(train),
+        "train_sentences": int(len(y)), "oracle_share": round(float(y.mean()), 4), "dev_documents": len(dev),
         "lexical": lexicon is not None, "penalty_kind": "liblinear C" if lexicon is not None else "L2 per feature",
         "trials": [{"penalty": t["penalty"], "dev": t["dev"]} for t in trials], "penalty": best["penalty"],
-        "dev": best["dev"], "seconds": round(time.time() - started, 1), "hardware": hardware(args.threads),
-        "command": "python -m models.training.srformer_salience fit " + " ".join(argv),
+        "dev": best["dev"], "seconds": round(time.time() - started, 1), "hardware": hardware(threads),
+        "command": command,
     })
-    save_checkpoint(args.out, "srformer", {**config, "salience": True, "salience_lexical": lexicon is not None},
+    save_checkpoint(out, "srformer", {**config, "salience": True, "salience_lexical": lexicon is not None},
                     weights, extras)
-    print(json.dumps({"out": str(args.out), "penalty": best["penalty"], "dev": best["dev"]}))
+    return {"out": str(out), "penalty": best["penalty"], "dev": best["dev"]}
+
+
+def fit_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.training.srformer_salience fit")
+    parser.add_argument("checkpoint", type=Path, help="a trained SRformer checkpoint (its decoder is kept)")
+    parser.add_argument("--data", type=Path, help="bbc-news-summary or sumpubmed folder (its train and dev splits)")
+    parser.add_argument("--train", type=Path, help='JSON Lines of pairs, {"source": ..., "summary": ...} a line '
+                        "(instead of --data)")
+    parser.add_argument("--dev", type=Path, help="JSON Lines like --train: the penalty is chosen here")
+    parser.add_argument("--source-field", default="source", help="the document's field in --train and --dev")
+    parser.add_argument("--summary-field", default="summary", help="the reference summary's field")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--train-docs", type=int, default=0, help="train documents used, spread over the split "
+                        "(0 = all)")
+    parser.add_argument("--dev-docs", type=int, default=0, help="dev documents used for the choice (0 = all)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--lexical", action="store_true", help="fit the head with its lexicon (module docstring)")
+    parser.add_argument("--penalties", type=float, nargs="+", help="the penalties tried on dev (default: "
+                        f"{PENALTIES}; with --lexical, liblinear's C: {LEXICAL_C})")
+    args = parser.parse_args(list(argv))
+    if (args.data is None) == (args.train is None) or (args.train is None) != (args.dev is None):
+        parser.error("give --train FILE --dev FILE (JSON Lines), or --data FOLDER")
+    if args.data is not None:
+        train = Documents.of_split(args.data, "train", args.train_docs)
+        dev = Documents.of_split(args.data, "dev", args.dev_docs)
+    else:
+        from models.training.srformer import pairs_file
+
+        train = Documents.of_file(pairs_file(args.train, args), args.train_docs)
+        dev = Documents.of_file(pairs_file(args.dev, args), args.dev_docs)
+    command = "python -m models.training.srformer_salience fit " + " ".join(argv)
+    chosen = fit_salience(args.checkpoint, args.out, train, dev, lexical=args.lexical, penalties=args.penalties,
+                          threads=args.threads, command=command)
+    print(json.dumps(chosen))
     return 0
 
 
