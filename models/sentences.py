@@ -33,6 +33,14 @@ _SPACED_END = re.compile(r"[.!?]+[" + re.escape(_CLOSERS) + r"]*(?=[ \t]+(\S))")
 ENDS_SENTENCE = re.compile(r"[.!?][" + re.escape(_CLOSERS) + r"]*$")  # text that ends as a sentence ends
 _GLUED_END = re.compile(r"(?:(?<=[a-z]{2})|(?<=[0-9][0-9a-z%])|(?<=[a-z][0-9a-z%]))\.(?=[\"“]?[A-Z])")
 _WORD_BEFORE = re.compile(r"([\w.]+)[.!?]*[" + re.escape(_CLOSERS) + r"]*$")
+# a word: letters and digits, joined across an inner apostrophe, hyphen, full stop or comma ("Stuart's",
+# "e-mail", "0.7", "1,000"); punctuation is not a word
+_WORD = re.compile(r"[^\W_]+(?:['’.,-][^\W_]+)*")
+
+
+def words(text: str) -> list[str]:
+    """The words of ``text``, as written: what the readability measures and sentence copy's trigram rule count."""
+    return _WORD.findall(text)
 
 
 def is_uncased(text: str) -> bool:

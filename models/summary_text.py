@@ -42,8 +42,7 @@ from functools import cached_property
 
 import numpy as np
 
-from models.data.summary_quality import words
-from models.sentences import ENDS_SENTENCE, capitalised, is_uncased, sentence_spans
+from models.sentences import ENDS_SENTENCE, capitalised, is_uncased, sentence_spans, words
 
 MIN_SENTENCE_WORDS = 4  # shorter units (section headers, fragments) are never copied
 # In lower-cased text (scientific articles, SumPubMed) units under this many words are nearly all caption
@@ -360,7 +359,7 @@ REPEATS = 0.6  # a unit with more than this share of its content words in one al
 
 
 def _trigrams(unit: str) -> list[tuple[str, ...]]:
-    """The word trigrams the repeated-trigram measure counts (``models.data.summary_quality``), lower-cased."""
+    """The word trigrams the repeated-trigram measure counts (``models.data.summary_quality``)."""
     tokens = [word.lower() for word in words(unit)]
     return [tuple(tokens[i : i + 3]) for i in range(len(tokens) - 2)]
 

@@ -17,8 +17,8 @@ measures sit beside it (``rtserve eval`` reports both, for the model and for the
   case, the share written in a form the source itself uses (see :func:`cased_as_source`).
 
 Words are runs of letters and digits, joined across an inner apostrophe, hyphen, full stop or comma
-("Stuart's", "e-mail", "0.7", "1,000"); punctuation is not a word. Sentences are
-:func:`models.sentences.sentences`.
+("Stuart's", "e-mail", "0.7", "1,000"); punctuation is not a word (:func:`models.sentences.words`).
+Sentences are :func:`models.sentences.sentences`.
 """
 
 from __future__ import annotations
@@ -27,15 +27,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from models.sentences import is_uncased, sentences
+from models.sentences import is_uncased, sentences, words
 
-_WORD = re.compile(r"[^\W_]+(?:['’.,-][^\W_]+)*")
 _SPACE = re.compile(r"\s+")
-
-
-def words(text: str) -> list[str]:
-    """The words of ``text``, as written (see the module docstring)."""
-    return _WORD.findall(text)
 
 
 def trigram_repeats(summary: str) -> tuple[int, int]:
