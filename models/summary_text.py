@@ -58,6 +58,17 @@ _LEGEND_ENDING = re.compile(
     r"\b(?:is|are)\s+(?:shown|depicted|illustrated|displayed|listed|summari[sz]ed|presented)\s*[.:]?\s*$",
     re.IGNORECASE)
 
+# back matter, which no abstract carries: a software note's fields ("Operating system: ...") and the authors'
+# contributions ("Smw ... drafted the manuscript.", "All authors read and approved the final manuscript.")
+_BACK_MATTER = re.compile(
+    r"^\W*(?:project name|project home ?page|operating systems?|programming languages?|other requirements"
+    r"|licen[cs]e|any restrictions to use by non-academics)\s*:"
+    r"|\b(?:drafted|wrote|revised|edited) (?:the|this) manuscript\b"
+    r"|\bapproved the final (?:version of the )?manuscript"
+    r"|\bconceived (?:of )?(?:and designed )?the (?:study|project)\b"
+    r"|\bparticipated in (?:the )?(?:design|coordination) of|\bhelped (?:to )?draft\b",
+    re.IGNORECASE)
+
 
 _LINE_BREAK = re.compile(r"\s*\n\s*")  # notes stand on lines of their own
 # a note's mark at a line's start: a number glued to its first word ("1backbone atom ...") or a letter
@@ -136,15 +147,17 @@ class DocumentText:
         units = [self.text[start:end] for start, end in self.spans]
         return [bool(ENDS_SENTENCE.search(unit)) and len(unit.split()) >= shortest and not is_name_list(unit)
                 and not _DISPLAY_REFERENCE.search(unit) and not _LEGEND_ENDING.search(unit)
-                and not _LEGEND_KEY.search(unit) and _brackets_pair(unit) and not note
+                and not _LEGEND_KEY.search(unit) and not _BACK_MATTER.search(unit) and _brackets_pair(unit)
+                and not note
                 for unit, note in zip(units, in_note, strict=True)]
 
     def copyable(self, j: int) -> bool:
         """A unit a summary may copy: it ends as a sentence ends (a title or header line does not), has
         ``MIN_SENTENCE_WORDS`` words (``MIN_UNCASED_SENTENCE_WORDS`` in lower-cased text), is not a list of
         names (:func:`is_name_list`), does not point to a table or figure, is not one of a table's notes
-        (:func:`note_lines`) or a legend's key of abbreviations, and its brackets pair up (an unpaired one is
-        text garbled upstream: "short ) non-coding rnas"). Decided once per unit."""
+        (:func:`note_lines`), a legend's key of abbreviations or back matter (a software note's fields, the
+        authors' contributions), and its brackets pair up (an unpaired one is text garbled upstream: "short )
+        non-coding rnas"). Decided once per unit."""
         return self._copyable[j]
 
     def sentence(self, j: int) -> str:

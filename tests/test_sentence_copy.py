@@ -261,7 +261,7 @@ def test_a_list_of_names_is_not_a_copy_unit_but_a_sentence_that_lists_is():
     assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, True]
 
 
-def test_captions_footnotes_garbled_units_and_pointers_to_tables_are_not_copied():
+def test_captions_footnotes_garbled_units_back_matter_and_pointers_to_tables_are_not_copied():
     uncased = ("the enzyme was purified from petals and assayed at several ph values. scale bar: 10 mm. "
                "short ) non-coding rnas perform many functions in the cell nucleus. table  <dig> shows the "
                "distribution of the toxinotypes among the isolates we collected. for known disease associations. "
@@ -283,6 +283,12 @@ def test_captions_footnotes_garbled_units_and_pointers_to_tables_are_not_copied(
             "reads were mapped in pairs; however, the unpaired reads were kept for the second pass of the run.")
     doc = DocumentText(keys, TOKENIZER, 10_000)  # a legend's key of abbreviations; a sentence with a semicolon
     assert [doc.copyable(j) for j in range(len(doc.spans))] == [False, True]
+    back = ("the portal software may be downloaded from the public source code repository of the project. "
+            "operating system: both portal and clients are platform independent of each other. smw led the "
+            "development of the linked dataset and drafted the manuscript. all authors read and approved the final "
+            "manuscript. we designed the study to test the portal on the operating system of each client.")
+    doc = DocumentText(back, TOKENIZER, 10_000)  # back matter: a software note's fields, authors' contributions
+    assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, False, False, True]
 
 
 def test_a_tables_notes_are_not_copied_but_prose_that_opens_like_one_is():
