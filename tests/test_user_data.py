@@ -336,6 +336,16 @@ def test_a_summarizer_from_jsonl_is_exported_and_served(tmp_path, capsys, monkey
     assert rtserve(["eval", str(run), "--data", str(dev), *fields]) == 0
     eager = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert eager["decoding"] == "sentence" and eager["rouge1"] == pytest.approx(scores["rouge1"], abs=1e-4)
+    # without a head (--salience none) the model serves free generation, and asking eval to copy says why not
+    bare = tmp_path / "bare"
+    assert rtserve(["train", "srformer", "--train", str(train), "--dev", str(dev), *fields, "--out", str(bare),
+                    "--d-model", "32", "--layers", "1", "--heads", "2", "--epochs", "1", "--max-source", "64",
+                    "--max-target", "16", "--dev-limit", "2", "--batch-size", "4", "--device", "cpu",
+                    "--salience", "none"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        rtserve(["eval", str(bare), "--data", str(dev), *fields, "--decoding", "sentence"])
+    assert refused.value.code == 2 and "has no salience head" in capsys.readouterr().err
     article = json.loads(dev.read_text().splitlines()[0])["article"]
     with make_client(repository, redis_url, key_prefix) as client:
         answer = client.post("/summarize", json={"text": article, "model": "notes"})

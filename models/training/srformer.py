@@ -517,8 +517,12 @@ def eval_main(argv: Sequence[str]) -> int:
                                                  ("recurrent_norm", args.recurrent_norm)) if value is not None}
     from models.serving.srformer import served_decoding
 
-    served = served_decoding(load_checkpoint(args.checkpoint))
+    checkpoint = load_checkpoint(args.checkpoint)
+    served = served_decoding(checkpoint)
     decoding = args.decoding or served.decoding
+    if decoding == "sentence" and not checkpoint.config.get("salience", False):
+        parser.error(f"{args.checkpoint} has no salience head, so it cannot copy sentences: fit one with "
+                     "`python -m models.training.srformer_salience fit`, or score --decoding free")
     beams = served.beams if args.beams is None else args.beams
     no_repeat_ngram = served.no_repeat_ngram if args.no_repeat_ngram is None else args.no_repeat_ngram
     stream_path = args.stream or decoding == "sentence"  # sentence copy reads the document's text
