@@ -113,6 +113,27 @@ LIGHT_GRAPH_MS = 1.0  # a graph that one thread runs in less than this, for a ba
 BATCHED_ROWS = 16  # ... and that one thread runs no slower than every core for a batch of this many rows
 
 
+def graph_milliseconds(path: Path, graph: Graph, threads: int, rows: int, runs: int) -> float:
+    """The median time of ``runs`` runs of the written graph on its own sample inputs of ``rows`` rows, with
+    ``threads`` intra-op threads (0: ONNX Runtime's default pool) and no spinning, after one warm-up run."""
+    import onnxruntime as ort
+
+    sample = graph.sample_inputs(rows, torch.Generator().manual_seed(0))
+    inputs = {spec.name: tensor.numpy() for spec, tensor in zip(graph.inputs, sample, strict=True)}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    feed = {node.name: inputs[node.name] for node in session.get_inputs()}
+    session.run(None, feed)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
 def light_graph_threads(path: Path, graph: Graph) -> int:
     """The intra-op threads the written graph should run with on a CPU: 1 for a *light* graph, which one thread
     runs on a batch of one in under :data:`LIGHT_GRAPH_MS`, and on a batch of one and of :data:`BATCHED_ROWS`
@@ -121,26 +142,13 @@ def light_graph_threads(path: Path, graph: Graph) -> int:
     default, otherwise, and always for an autoregressive decode graph (one with ``axis_masks``): its batches
     hold many rows that each read a whole document's memory, which the sample inputs, a few tokens long, do
     not show (on every core, 32 BBC summaries at once decode 1.6 times as fast as on one). Timed here, on the
-    exporting machine: medians of 30 runs of the graph's own sample inputs."""
+    exporting machine (:func:`graph_milliseconds`, medians of 30 runs), so a busy machine can decide 0 for a
+    graph an idle one would run on one thread."""
     if graph.axis_masks:
         return 0
-    import onnxruntime as ort
 
     def milliseconds(threads: int, rows: int, runs: int) -> float:
-        sample = graph.sample_inputs(rows, torch.Generator().manual_seed(0))
-        inputs = {spec.name: tensor.numpy() for spec, tensor in zip(graph.inputs, sample, strict=True)}
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-        feed = {node.name: inputs[node.name] for node in session.get_inputs()}
-        session.run(None, feed)
-        times = []
-        for _ in range(runs):
-            started = time.perf_counter()
-            session.run(None, feed)
-            times.append(time.perf_counter() - started)
-        return 1000 * statistics.median(times)
+        return graph_milliseconds(path, graph, threads, rows, runs)
 
     if milliseconds(1, 1, 1) > 10 * LIGHT_GRAPH_MS:  # plainly heavy: not worth timing further
         return 0
