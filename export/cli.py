@@ -25,7 +25,14 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--name", help="entry name (one checkpoint only; default: the checkpoint's name)")
     parser.add_argument("--version", default="1", help="entry version")
     parser.add_argument("--fp16", action="store_true", help="fp16 graph for GPU serving (ONNX only)")
+    parser.add_argument("--cpu-threads", type=int, default=None, metavar="N",
+                        help="intra-op threads written into the manifest for CPU runs of every graph but a decode "
+                        "graph (0: ONNX Runtime's pool of every core); default: timed on this machine, one thread "
+                        "for a light graph. Set it when exporting on a machine other than the serving one, or a "
+                        "busy one. RTSERVE_INTRA_OP_THREADS overrides it when serving")
     args = parser.parse_args(list(argv))
+    if args.cpu_threads is not None and args.cpu_threads < 0:
+        parser.error("--cpu-threads is 0 (the pool) or more")
     # torch's ONNX exporter warns once per torchvision op it cannot register; rtserve uses none
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     folders = [Path(p) for p in args.checkpoints]
@@ -39,7 +46,7 @@ def main(argv: Sequence[str]) -> int:
     formats = tuple(part.strip() for part in requested.split(",") if part.strip())
     for folder in folders:
         started = time.perf_counter()
-        entry = export_checkpoint(folder, args.out, formats, args.name, args.version, args.fp16)
+        entry = export_checkpoint(folder, args.out, formats, args.name, args.version, args.fp16, args.cpu_threads)
         seconds = time.perf_counter() - started
         print(json.dumps({"checkpoint": str(folder), "entry": str(entry), "seconds": round(seconds, 1)}))
         sys.stdout.flush()

@@ -165,8 +165,11 @@ def export_servable(
     formats: tuple[str, ...] = FORMATS,
     version: str = "1",
     fp16: bool = False,
+    cpu_threads: int | None = None,
 ) -> Path:
-    """Write the repository entry of ``servable``; returns its folder."""
+    """Write the repository entry of ``servable``; returns its folder. ``cpu_threads``: the intra-op threads
+    written for every graph but a decode graph (0: ONNX Runtime's pool); None: timed here
+    (:func:`light_graph_threads`), which is what to use when the exporting machine is the serving one and idle."""
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ValueError(f"unknown export formats {sorted(unknown)}; choose from {FORMATS}")
@@ -191,7 +194,12 @@ def export_servable(
             export_onnx(graph, entry / files["onnx"], fp16=fp16)
             _check_onnxruntime_loads(entry / files["onnx"])
             written["onnx"] = files["onnx"]
-            threads = 0 if fp16 else light_graph_threads(entry / files["onnx"], graph)
+            if fp16 or graph.axis_masks:
+                threads = 0
+            elif cpu_threads is not None:
+                threads = cpu_threads
+            else:
+                threads = light_graph_threads(entry / files["onnx"], graph)
         if "torchscript" in formats:
             export_torchscript(graph, entry / files["torchscript"])
             written["torchscript"] = files["torchscript"]
@@ -263,7 +271,8 @@ def export_checkpoint(
     name: str | None = None,
     version: str = "1",
     fp16: bool = False,
+    cpu_threads: int | None = None,
 ) -> Path:
     checkpoint_folder = Path(checkpoint_folder)
     servable = build_servable(checkpoint_folder, name=name)
-    return export_servable(servable, checkpoint_folder, Path(out), formats, version, fp16)
+    return export_servable(servable, checkpoint_folder, Path(out), formats, version, fp16, cpu_threads)

@@ -145,7 +145,7 @@ async def test_an_fp16_summarizer_export_summarizes_on_the_cpu_provider(tmp_path
 
 
 def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(forecaster_entry, tiny_models,
-                                                                           monkeypatch):
+                                                                           monkeypatch, tmp_path):
     from export import exporter
 
     summarizer = json.loads((tiny_models.entry("srformer-tiny") / "manifest.json").read_text())
@@ -182,3 +182,6 @@ def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(foreca
     assert timed(3.0, 3.0, 30.0, 30.0) == 0  # slower than LIGHT_GRAPH_MS on one thread: the pool
     monkeypatch.setattr(exporter, "LIGHT_GRAPH_MS", 1e-6)
     assert timed(0.2, 0.3, 2.0, 2.1) == 0
+    # `rtserve export --cpu-threads N` writes N instead of timing (an export on another or a busy machine)
+    written = exporter.export_checkpoint(forecaster_entry[0], tmp_path, formats=("onnx",), cpu_threads=3)
+    assert json.loads((written / "manifest.json").read_text())["graphs"][0]["intra_op_threads"] == 3
