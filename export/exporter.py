@@ -17,6 +17,7 @@ The service discovers models from this folder alone.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 import json
 import logging
@@ -146,10 +147,7 @@ def light_graph_threads(path: Path, graph: Graph) -> int:
     graph an idle one would run on one thread."""
     if graph.axis_masks:
         return 0
-
-    def milliseconds(threads: int, rows: int, runs: int) -> float:
-        return graph_milliseconds(path, graph, threads, rows, runs)
-
+    milliseconds = functools.partial(graph_milliseconds, path, graph)  # (threads, rows, runs)
     if milliseconds(1, 1, 1) > 10 * LIGHT_GRAPH_MS:  # plainly heavy: not worth timing further
         return 0
     one = milliseconds(1, 1, 30)

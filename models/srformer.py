@@ -1002,15 +1002,17 @@ def warm_start_from_minilm(model: SRformer) -> None:
             block.ln_3.get_parameter(part).copy_(layer[f"LayerNorm.{part}"])
 
 
-def load_srformer(folder: str | None = None, config: SRformerConfig | None = None, **overrides: object) -> SRformer:
-    """A model with MiniLM's word embeddings; decoder weights from a checkpoint folder if given, its config
-    changed by ``overrides`` (e.g. ``recurrent_part="off"`` to score it with O_R zeroed)."""
-    from models.checkpoint import load_checkpoint
+def load_srformer(folder: str | Checkpoint | None = None, config: SRformerConfig | None = None,
+                  **overrides: object) -> SRformer:
+    """A model with MiniLM's word embeddings; decoder weights from a checkpoint (its folder, or the checkpoint
+    already loaded) if given, its config changed by ``overrides`` (e.g. ``recurrent_part="off"`` to score it
+    with O_R zeroed)."""
+    from models.checkpoint import Checkpoint, load_checkpoint
     from models.minilm import minilm_state_dict
 
     checkpoint = None
     if folder is not None:
-        checkpoint = load_checkpoint(folder)
+        checkpoint = folder if isinstance(folder, Checkpoint) else load_checkpoint(folder)
         config = SRformerConfig(**{**checkpoint.config, **overrides})
     model = SRformer(config or SRformerConfig())
     model.wte.copy_(minilm_state_dict()["embeddings.word_embeddings.weight"])

@@ -125,7 +125,7 @@ def served_decoding(checkpoint: Checkpoint) -> ServedDecoding:
 
 def srformer_servable(checkpoint: Checkpoint) -> Servable:
     assert checkpoint.folder is not None
-    model = load_srformer(str(checkpoint.folder))
+    model = load_srformer(checkpoint)
     c = model.config
     h, dh, layers = c.n_head, c.d_model // c.n_head, c.n_layer
     encoder = load_minilm_encoder().eval()  # the frozen MiniLM the model was trained on

@@ -87,6 +87,21 @@ def pairs_file(path: Path, args: argparse.Namespace) -> PairsFile:
     return PairsFile(path, read(path, source_field=args.source_field, summary_field=args.summary_field))
 
 
+def add_pair_sources(parser: argparse.ArgumentParser, data_help: str, dev_help: str) -> None:
+    """--data FOLDER, or --train FILE --dev FILE of JSON Lines pairs with their field names."""
+    parser.add_argument("--data", type=Path, help=data_help)
+    parser.add_argument("--train", type=Path, help='JSON Lines of pairs, {"source": ..., "summary": ...} a line '
+                        "(instead of --data)")
+    parser.add_argument("--dev", type=Path, help=f"JSON Lines like --train: {dev_help}")
+    parser.add_argument("--source-field", default="source", help="the document's field in --train and --dev")
+    parser.add_argument("--summary-field", default="summary", help="the reference summary's field")
+
+
+def check_pair_sources(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if (args.data is None) == (args.train is None) or (args.train is None) != (args.dev is None):
+        parser.error("give --train FILE --dev FILE (JSON Lines), or --data FOLDER")
+
+
 def _cache_index(folder: Path) -> dict[str, list[str]]:
     """Shard file -> the document keys it holds (an older single-file cache is one shard)."""
     done = folder / "index.json"
@@ -301,12 +316,7 @@ def train_main(argv: Sequence[str]) -> int:
         description="Train an SRformer summarizer: on source/summary pairs in JSON Lines (--train, --dev) or on "
         "BBC News Summary or SumPubMed (--data).")
     parser.add_argument("family", choices=["srformer"])
-    parser.add_argument("--data", type=Path, help="bbc-news-summary or sumpubmed folder")
-    parser.add_argument("--train", type=Path, help='JSON Lines of pairs, {"source": ..., "summary": ...} a line '
-                        "(instead of --data)")
-    parser.add_argument("--dev", type=Path, help="JSON Lines like --train: the epoch kept is the one scoring best here")
-    parser.add_argument("--source-field", default="source", help="the document's field in --train and --dev")
-    parser.add_argument("--summary-field", default="summary", help="the reference summary's field")
+    add_pair_sources(parser, "bbc-news-summary or sumpubmed folder", "the epoch kept is the one scoring best here")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument("--cross-attention", choices=["full", "segmented", "srformer"], default="srformer")
     parser.add_argument("--segment-size", type=int, default=16, help="s: encoder positions per segment")
@@ -356,8 +366,7 @@ def train_main(argv: Sequence[str]) -> int:
                         "its lexicon, without, or not at all. Default: lexical with --train/--dev; none with --data, "
                         "whose recipe fits the head in a step of its own (docs/summarization.md)")
     args = parser.parse_args(list(argv))
-    if (args.data is None) == (args.train is None) or (args.train is None) != (args.dev is None):
-        parser.error("give --train FILE --dev FILE (JSON Lines), or --data FOLDER")
+    check_pair_sources(parser, args)
     salience = args.salience or ("none" if args.data else "lexical")
     # a user's files are read (and refused, naming a bad line) before any model is built
     train_corpus, dev_corpus = (None, None) if args.data else (pairs_file(args.train, args), pairs_file(args.dev, args))
@@ -526,7 +535,7 @@ def eval_main(argv: Sequence[str]) -> int:
     beams = served.beams if args.beams is None else args.beams
     no_repeat_ngram = served.no_repeat_ngram if args.no_repeat_ngram is None else args.no_repeat_ngram
     stream_path = args.stream or decoding == "sentence"  # sentence copy reads the document's text
-    model = load_srformer(str(args.checkpoint), **overrides).to("cpu" if stream_path else args.device)  # stream: CPU
+    model = load_srformer(checkpoint, **overrides).to("cpu" if stream_path else args.device)  # stream: CPU
     tokenizer = load_minilm_tokenizer()
     c = model.config
     if stream_path:

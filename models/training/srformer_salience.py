@@ -284,14 +284,12 @@ def fit_salience(checkpoint_path: Path, out: Path, train_documents: Documents, d
 
 
 def fit_main(argv: Sequence[str]) -> int:
+    from models.training.srformer import add_pair_sources, check_pair_sources, pairs_file
+
     parser = argparse.ArgumentParser(prog="python -m models.training.srformer_salience fit")
     parser.add_argument("checkpoint", type=Path, help="a trained SRformer checkpoint (its decoder is kept)")
-    parser.add_argument("--data", type=Path, help="bbc-news-summary or sumpubmed folder (its train and dev splits)")
-    parser.add_argument("--train", type=Path, help='JSON Lines of pairs, {"source": ..., "summary": ...} a line '
-                        "(instead of --data)")
-    parser.add_argument("--dev", type=Path, help="JSON Lines like --train: the penalty is chosen here")
-    parser.add_argument("--source-field", default="source", help="the document's field in --train and --dev")
-    parser.add_argument("--summary-field", default="summary", help="the reference summary's field")
+    add_pair_sources(parser, "bbc-news-summary or sumpubmed folder (its train and dev splits)",
+                     "the penalty is chosen here")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--train-docs", type=int, default=0, help="train documents used, spread over the split "
                         "(0 = all)")
@@ -301,14 +299,11 @@ def fit_main(argv: Sequence[str]) -> int:
     parser.add_argument("--penalties", type=float, nargs="+", help="the penalties tried on dev (default: "
                         f"{PENALTIES}; with --lexical, liblinear's C: {LEXICAL_C})")
     args = parser.parse_args(list(argv))
-    if (args.data is None) == (args.train is None) or (args.train is None) != (args.dev is None):
-        parser.error("give --train FILE --dev FILE (JSON Lines), or --data FOLDER")
+    check_pair_sources(parser, args)
     if args.data is not None:
         train = Documents.of_split(args.data, "train", args.train_docs)
         dev = Documents.of_split(args.data, "dev", args.dev_docs)
     else:
-        from models.training.srformer import pairs_file
-
         train = Documents.of_file(pairs_file(args.train, args), args.train_docs)
         dev = Documents.of_file(pairs_file(args.dev, args), args.dev_docs)
     command = "python -m models.training.srformer_salience fit " + " ".join(argv)
