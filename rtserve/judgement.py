@@ -67,12 +67,14 @@ def _sheet(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def shown(summary: str) -> str:
-    """A candidate as the reader sees it: its sentences (:func:`models.sentences.sentences`) joined by one
-    space, the same for every system, so that layout gives none away (BBC's references glue sentences
-    together: "stabilise.China's")."""
-    from models.sentences import sentences
+    """A candidate as the reader sees it: its sentences (:func:`models.sentences.sentences`), each opening with
+    a capital, white space runs made one space, joined by one space, the same for every system, so that layout
+    and case give none away (BBC's references glue sentences together: "stabilise.China's"; a lower-cased
+    corpus's lead and reference open their sentences in lower case and keep its double spaces where a served
+    summary capitalises them and writes one)."""
+    from models.sentences import capitalised, sentences
 
-    return " ".join(sentences(summary))
+    return " ".join(capitalised(" ".join(sentence.split())) for sentence in sentences(summary))
 
 
 def _write(path: Path, items: list[dict[str, Any]], keys: list[dict[str, Any]]) -> tuple[Path, Path]:

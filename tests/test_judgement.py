@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 
 from rtserve.cli import main
-from rtserve.judgement import CRITERIA, SheetError, key_path, merge, score, write_sheet
+from rtserve.judgement import CRITERIA, SheetError, key_path, merge, score, shown, write_sheet
 
 
 @dataclass
@@ -113,3 +113,10 @@ def test_merged_sheets_are_scored_per_corpus(tmp_path):
     _fill(merged)
     means = score(merged)["means"]
     assert means["bbc"]["model"]["documents"] == 3 and means["sumpubmed"]["reference"]["documents"] == 2
+
+
+def test_every_candidate_opens_its_sentences_alike():
+    # a lower-cased corpus's lead beside a served summary that capitalises: the case would name the system
+    assert shown("the cells grew. <dig> of them died .") == shown("The cells grew. <dig> of them died .")
+    assert shown("the cells grew. <dig> of them died .") == "The cells grew. <dig> of them died ."
+    assert shown("the apical  and basolateral  domains grew.") == "The apical and basolateral domains grew."
