@@ -115,7 +115,7 @@ def test_merged_sheets_are_scored_per_corpus(tmp_path):
     assert means["bbc"]["model"]["documents"] == 3 and means["sumpubmed"]["reference"]["documents"] == 2
 
 
-def test_every_candidate_opens_its_sentences_alike():
+def test_every_candidate_is_laid_out_alike_in_case_and_spacing():
     # a lower-cased corpus's lead beside a served summary that capitalises: the case would name the system
     assert shown("the cells grew. <dig> of them died .") == shown("The cells grew. <dig> of them died .")
     assert shown("the cells grew. <dig> of them died .") == "The cells grew. <dig> of them died ."
