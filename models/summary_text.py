@@ -57,6 +57,28 @@ _DISPLAY_REFERENCE = re.compile(
 _LEGEND_ENDING = re.compile(
     r"\b(?:is|are)\s+(?:shown|depicted|illustrated|displayed|listed|summari[sz]ed|presented)\s*[.:]?\s*$",
     re.IGNORECASE)
+# a unit that says what a figure's marks mean: its colours, bars, lines, arrows or symbols ("herv-mediated cnvs
+# confirmed in this study are indicated in yellow.", "error bars represent ± <dig> sem", "circles represent the
+# sts."), a legend's sentence, which reads as nonsense without the figure
+_COLOUR = r"(?:red|green|blue|yellow|orange|purple|black|gr[ae]y|white|pink|cyan|magenta|brown|violet)"
+_FIGURE_MARKS = re.compile(
+    r"\b(?:is|are)\s+(?:shown|indicated|highlighted|marked|colou?red|shaded|boxed|circled|underlined|labell?ed"
+    rf"|depicted|represented)\s+(?:in|by|with|as)\s+(?:\w+\s+)?{_COLOUR}\b"
+    rf"|\b{_COLOUR}\s+(?:represents?|indicates?|denotes?)\b"
+    r"|\b(?:error|scale)\s+bars?\s+(?:indicate|represent|denote|show|are)"
+    rf"|\b(?:arrows?|arrowheads?|asterisks?|(?:{_COLOUR}|dashed|dotted|solid|broken|vertical|horizontal|thick|thin"
+    r"|open|filled|closed)\s+(?:lines?|bars?|dots?|circles?|squares?|triangles?|symbols?|boxes|arrows?))\s+"
+    r"(?:indicate|represent|denote|show|mark|point|correspond|connect)s?\b"
+    r"|\b(?:bars|lines|dots|boxes|circles|symbols|squares|triangles)\s+(?:indicate|represent|denote)s?\b",
+    re.IGNORECASE)
+# every match holds one of these: a substring test first spares the pattern's scan of most units (a third of the time)
+_FIGURE_MARK_STEMS = ("represent", "indicat", "denot", "show", "mark", "point", "correspond", "connect", "highlight",
+                      "colo", "shad", "box", "circl", "underlin", "label", "depict", "bar")
+
+
+def _names_figure_marks(unit: str) -> bool:
+    lowered = unit.lower()
+    return any(stem in lowered for stem in _FIGURE_MARK_STEMS) and bool(_FIGURE_MARKS.search(unit))
 
 # back matter, which no abstract carries: a software note's fields ("Operating system: ...") and the authors'
 # contributions ("Smw ... drafted the manuscript.", "All authors read and approved the final manuscript.")
@@ -147,7 +169,8 @@ class DocumentText:
         units = [self.text[start:end] for start, end in self.spans]
         return [bool(ENDS_SENTENCE.search(unit)) and len(unit.split()) >= shortest and not is_name_list(unit)
                 and not _DISPLAY_REFERENCE.search(unit) and not _LEGEND_ENDING.search(unit)
-                and not _LEGEND_KEY.search(unit) and not _BACK_MATTER.search(unit) and _brackets_pair(unit)
+                and not _names_figure_marks(unit) and not _LEGEND_KEY.search(unit)
+                and not _BACK_MATTER.search(unit) and _brackets_pair(unit)
                 and not note
                 for unit, note in zip(units, in_note, strict=True)]
 
@@ -155,7 +178,8 @@ class DocumentText:
         """A unit a summary may copy: it ends as a sentence ends (a title or header line does not), has
         ``MIN_SENTENCE_WORDS`` words (``MIN_UNCASED_SENTENCE_WORDS`` in lower-cased text), is not a list of
         names (:func:`is_name_list`), does not point to a table or figure, is not one of a table's notes
-        (:func:`note_lines`), a legend's key of abbreviations or back matter (a software note's fields, the
+        (:func:`note_lines`), a legend's sentence (what a figure's colours, bars or arrows mean; what "is shown"),
+        a legend's key of abbreviations or back matter (a software note's fields, the
         authors' contributions), and its brackets pair up (an unpaired one is text garbled upstream: "short )
         non-coding rnas"). Decided once per unit."""
         return self._copyable[j]

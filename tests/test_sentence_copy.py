@@ -261,7 +261,7 @@ def test_a_list_of_names_is_not_a_copy_unit_but_a_sentence_that_lists_is():
     assert [doc.copyable(j) for j in range(len(doc.spans))] == [True, False, True]
 
 
-def test_captions_footnotes_garbled_units_back_matter_and_pointers_to_tables_are_not_copied():
+def test_captions_legends_footnotes_garbled_units_back_matter_and_pointers_to_tables_are_not_copied():
     uncased = ("the enzyme was purified from petals and assayed at several ph values. scale bar: 10 mm. "
                "short ) non-coding rnas perform many functions in the cell nucleus. table  <dig> shows the "
                "distribution of the toxinotypes among the isolates we collected. for known disease associations. "
@@ -279,6 +279,11 @@ def test_captions_footnotes_garbled_units_back_matter_and_pointers_to_tables_are
               "the strain was shown.")  # the past tense tells what happened, not where to look
     doc = DocumentText(legend, TOKENIZER, 10_000)
     assert [doc.copyable(j) for j in range(len(doc.spans))] == [False, True, True]
+    marks = ("cnvs confirmed in this study or in the literature are indicated in yellow. the vertical bars "
+             "denote the standard error of the mean. the red line indicates the threshold we used for calling. "
+             "lines of evidence indicate that the mutant line shows more growth in the dark.")
+    doc = DocumentText(marks, TOKENIZER, 10_000)  # a legend's marks; prose with "lines" and "shows"
+    assert [doc.copyable(j) for j in range(len(doc.spans))] == [False, False, False, True]
     keys = ("cnv, copy-number variation; herv, human endogenous retrovirus; ltr, long tandem repeat. the "
             "reads were mapped in pairs; however, the unpaired reads were kept for the second pass of the run.")
     doc = DocumentText(keys, TOKENIZER, 10_000)  # a legend's key of abbreviations; a sentence with a semicolon
