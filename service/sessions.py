@@ -103,9 +103,14 @@ return 1
 """
 
 REFRESH_SCRIPT = """
--- KEYS: lock; ARGV: token, lease milliseconds. Extends the lease if the lock is still ours.
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
+-- KEYS: locks; ARGV: their tokens, then the lease in milliseconds. Extends each lease that is still ours;
+-- returns 1 (renewed) or 0 (not ours) per lock.
+local lease = ARGV[#KEYS + 1]
+local renewed = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i] then renewed[i] = redis.call('PEXPIRE', key, lease) else renewed[i] = 0 end
+end
+return renewed
 """
 
 BEGIN_SCRIPT = """
@@ -518,18 +523,37 @@ class SessionStore:
                                                                         session_id)
                 await pipe.execute()
 
-    async def refresh(self, session_id: str, token: str) -> bool:
-        """Extend our lock's lease; False when it is no longer ours."""
-        async with self.store.operation():
-            return bool(await self._refresh(keys=[self._keys(session_id)["lock"]], args=[token, self.lock_ms]))
+    async def refresh(self, held: list[tuple[str, str]]) -> list[bool | None]:
+        """Extend the leases of these (session id, lock token) locks, all in one round trip: per lock True
+        (renewed), False (no longer ours) or None (Redis failed it; try again later)."""
+        if not held:
+            return []
+        # one script call renews them all; on a cluster the locks live in different slots: one call per lock
+        groups = [held[i : i + 1] for i in range(len(held))] if self.store.cluster else [held]
+        for attempt in range(2):
+            async with self.store.operation(), self.redis.pipeline(transaction=False) as pipe:
+                for group in groups:
+                    pipe.execute_command("EVALSHA", self._refresh.sha, len(group),
+                                         *(self._keys(session_id)["lock"] for session_id, _ in group),
+                                         *(token for _, token in group), self.lock_ms)
+                replies = await pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(reply, NoScriptError) for reply in replies):
+                await self.redis.script_load(self._refresh.script)  # a restarted Redis: load it, go again
+                continue
+            break
+        renewed: list[bool | None] = []
+        for group, reply in zip(groups, replies, strict=True):
+            renewed += [None] * len(group) if isinstance(reply, Exception) else [bool(ours) for ours in reply]
+        return renewed
 
     @asynccontextmanager
     async def holding(self, session_id: str, token: str) -> AsyncIterator[None]:
         """Keep the lock's lease alive while the body runs (a step may outlast one lease).
 
         One keeper task per store renews every lock held for a third of a lease or more, a third of a lease
-        apart (:meth:`_keep`), so holding a lock costs a dictionary entry, not a task per piece: a lock is
-        renewed between a third and two thirds of a lease after it was taken, and as often after that.
+        apart, in one round trip (:meth:`_keep`), so holding a lock costs a dictionary entry, not a task or a
+        round trip per piece: a lock is renewed between a third and two thirds of a lease after it was taken,
+        and as often after that.
         """
         key = (session_id, token)
         self._held[key] = time.monotonic()
@@ -548,11 +572,13 @@ class SessionStore:
             await asyncio.sleep(beat)
             due = [key for key, since in self._held.items() if time.monotonic() - since >= beat]
             idle = 0 if self._held else idle + 1
-            results = await asyncio.gather(*(self.refresh(*key) for key in due), return_exceptions=True)
-            for key, renewed in zip(due, results, strict=True):
-                if renewed is False:  # lost it: the commit's compare-and-set still decides
+            try:
+                renewed = await self.refresh(due)
+            except Exception:  # StateStoreUnavailable, or any other error: try again at the next beat
+                continue
+            for key, ours in zip(due, renewed, strict=True):
+                if ours is False:  # lost it: the commit's compare-and-set still decides
                     self._held.pop(key, None)
-                # StateStoreUnavailable (or any other error): try again at the next beat
 
     async def close(self) -> None:
         """Stop the lock keeper (the app's shutdown)."""

@@ -91,7 +91,8 @@ class Settings(BaseSettings):
     backend: str = Field("onnx", description="Default backend: onnx, torchscript or torch.")
     intra_op_threads: int = Field(
         0, ge=0, description="Threads per model graph on the CPU (ONNX Runtime intra-op; torch). 0: one for a graph "
-        "its export found light (a batch of one in under a millisecond on one thread), else the runtime default."
+        "its export found light (a batch of one in under 2 ms on one thread, not 1.5 times as fast on every "
+        "core), else the runtime default."
     )
     intra_op_spinning: bool = Field(
         False, description="Let ONNX Runtime's intra-op threads busy-wait between ops (its own default). Off: on a "

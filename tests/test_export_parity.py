@@ -151,6 +151,8 @@ def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(foreca
     summarizer = json.loads((tiny_models.entry("srformer-tiny") / "manifest.json").read_text())
     decode = next(graph for graph in summarizer["graphs"] if graph["axis_masks"])
     assert decode["intra_op_threads"] == 0  # a decode graph batches many rows that each read a whole document
+    head = next(graph for graph in summarizer["graphs"] if graph["name"] == "output_head")
+    assert head["intra_op_threads"] == 0  # served for a document's candidates, far more than its sample's
     _, entry = forecaster_entry
     manifest = json.loads((entry / "manifest.json").read_text())
     step = manifest["graphs"][0]
@@ -168,17 +170,16 @@ def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(foreca
     path = entry / step["files"]["onnx"]
 
     def timed(one_thread, pool, batched_one_thread=None, batched_pool=None):
-        def milliseconds(_path, _graph, threads, rows, runs):
-            if rows == 1:
-                return one_thread if threads == 1 else pool
-            return (batched_one_thread if threads == 1 else batched_pool)
+        def milliseconds(_path, _graph, rows, _runs):
+            return (one_thread, pool) if rows == 1 else (batched_one_thread, batched_pool)
 
-        monkeypatch.setattr(exporter, "graph_milliseconds", milliseconds)
+        monkeypatch.setattr(exporter, "thread_milliseconds", milliseconds)
         return exporter.light_graph_threads(path, graph)
 
     assert timed(0.2, 0.3, 2.0, 2.1) == 1  # light: one thread no slower than the pool, alone or batched
+    assert timed(0.5, 0.9, 5.2, 4.6) == 1  # the pool a tenth faster on a batch: not worth its CPU
     assert timed(0.2, 0.3, 2.0, 1.0) == 0  # the pool runs a batch of 16 twice as fast
-    assert timed(0.4, 0.3, 2.0, 2.1) == 0  # the pool runs a batch of one faster
+    assert timed(0.4, 0.2, 2.0, 2.1) == 0  # the pool runs a batch of one twice as fast
     assert timed(3.0, 3.0, 30.0, 30.0) == 0  # slower than LIGHT_GRAPH_MS on one thread: the pool
     monkeypatch.setattr(exporter, "LIGHT_GRAPH_MS", 1e-6)
     assert timed(0.2, 0.3, 2.0, 2.1) == 0

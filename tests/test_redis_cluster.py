@@ -194,3 +194,22 @@ def test_an_applied_piece_on_a_cluster_costs_two_steps_the_second_fanned_out(rep
             sent.clear()
             retry = client.post(f"/sessions/{session_id}/segments", json={"seq": seq, "rows": pieces[seq - 1]})
             assert retry.status_code == 200 and retry.json()["replayed"] and sent == [home]
+
+
+async def test_the_lock_keeper_renews_locks_of_every_slot_in_one_pipeline(cluster):
+    """On a cluster each lock is its own script call (the locks of different sessions live in different slots),
+    all of them in one pipeline; a script the nodes lost is loaded again."""
+    from service.metrics import ServiceMetrics
+    from service.sessions import SessionStore
+    from service.settings import Settings
+    from service.state_store import StateStore
+
+    store = StateStore.from_url(cluster.url, prefix=PREFIX, cluster=True)
+    sessions = SessionStore(store, Settings(session_lock_seconds=5), ServiceMetrics(collect_gpu=False))
+    held = [(f"s{i}", f"token{i}") for i in range(12)]
+    for session_id, token in held[1:]:
+        await store.client.set(sessions._keys(session_id)["lock"], token, px=1000)
+    assert len({cluster.primary_of(sessions._keys(session_id)["lock"]) for session_id, _ in held}) > 1
+    assert await sessions.refresh(held) == [False] + [True] * 11
+    assert 4000 < await store.client.pttl(sessions._keys("s5")["lock"]) <= 5000
+    await store.close()

@@ -1,4 +1,5 @@
 import uuid
+from contextlib import AsyncExitStack
 
 import numpy as np
 import pytest
@@ -187,3 +188,46 @@ async def test_a_wait_for_a_free_connection_is_not_charged_to_the_operations_dea
 
     await asyncio.gather(*(hold() for _ in range(4)))
     await store.close()
+
+
+async def test_every_held_lock_is_renewed_in_one_round_trip_and_a_lost_one_is_let_go(redis_url: str, key_prefix: str):
+    """The lock keeper renews all the locks it holds with one pipeline per beat, whatever their number: a lock
+    that is no longer ours is dropped, a script Redis lost is loaded again, and ours outlive their first lease."""
+    import asyncio
+
+    from redis.asyncio.connection import AbstractConnection
+
+    from service.metrics import ServiceMetrics
+    from service.sessions import SessionStore
+    from service.settings import Settings
+
+    store = StateStore.from_url(redis_url, prefix=key_prefix)
+    sessions = SessionStore(store, Settings(session_lock_seconds=0.3), ServiceMetrics(collect_gpu=False))
+    held = [(f"s{i}", f"token{i}") for i in range(12)]
+    for session_id, token in held:
+        await store.client.set(sessions._keys(session_id)["lock"], token, px=300)
+    await store.client.set(sessions._keys("s0")["lock"], "another replica's", px=300)
+    await store.client.script_flush()  # as after a restart: the refresh script is gone
+
+    assert await sessions.refresh(held) == [False] + [True] * 11
+    sent: list[int] = []
+    original = AbstractConnection.send_packed_command
+
+    async def counting(self, command, check_health=True):
+        sent.append(1)
+        return await original(self, command, check_health)
+
+    AbstractConnection.send_packed_command = counting
+    try:
+        async with AsyncExitStack() as stack:
+            for key in held:
+                await stack.enter_async_context(sessions.holding(*key))
+            await asyncio.sleep(0.5)  # past the first lease: only renewals keep the locks
+            assert 3 <= len(sent) <= 5, f"{len(sent)} round trips for 12 locks over 0.5 s: one per beat of 0.1 s"
+            assert await store.client.get(sessions._keys("s1")["lock"]) == b"token1"
+            assert await store.client.get(sessions._keys("s0")["lock"]) is None
+            assert ("s0", "token0") not in sessions._held and ("s1", "token1") in sessions._held
+    finally:
+        AbstractConnection.send_packed_command = original
+        await sessions.close()
+        await store.close()

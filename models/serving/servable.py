@@ -37,6 +37,10 @@ class Graph:
     # symbolic axis -> the bool input marking each row's own positions on it: rows whose extents differ
     # may share a batch, zero-padded at the end of that axis (autoregressive decode graphs)
     axis_masks: dict[str, str] = field(default_factory=dict)
+    # whether a call on the sample inputs costs what a served call costs, so that the export may time the graph
+    # to choose its CPU threads (export/exporter.py light_graph_threads); False where a symbolic axis is served
+    # far longer than sampled
+    sized_like_served: bool = True
 
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
         """Symbolic axes of every input and output, as ``torch.onnx.export`` wants them."""

@@ -238,6 +238,7 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
         outputs=head_outputs,
         sample_inputs=head_sample,
         onnx_exporter="torchscript",
+        sized_like_served=False,  # a document's candidates number hundreds to thousands, the sample's 3 to 40
     )
     state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh, c.kv_columns, c.salience)
     extras = checkpoint.extras
