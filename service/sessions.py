@@ -183,6 +183,7 @@ return 0
 """
 
 LIVE_INDEX_SHARDS = 16  # shards of each model's live index on a Redis Cluster (one key on a single server)
+RENEWED_PER_CALL = 256  # locks one renewal script call extends (a call of 256 took Redis 0.6 ms here)
 WAIT_SECONDS = 60.0  # longest wait behind a live holder that keeps refreshing its lease
 FIRST_LOOK_SECONDS = 0.02  # a waiter's first look at a lock another request holds (a quick step has committed)
 
@@ -528,8 +529,9 @@ class SessionStore:
         (renewed), False (no longer ours) or None (Redis failed it; try again later)."""
         if not held:
             return []
-        # one script call renews them all; on a cluster the locks live in different slots: one call per lock
-        groups = [held[i : i + 1] for i in range(len(held))] if self.store.cluster else [held]
+        # one script call per RENEWED_PER_CALL locks; on a cluster, one per lock (the locks live in different slots)
+        size = 1 if self.store.cluster else RENEWED_PER_CALL
+        groups = [held[i : i + size] for i in range(0, len(held), size)]
         for attempt in range(2):
             async with self.store.operation(), self.redis.pipeline(transaction=False) as pipe:
                 for group in groups:
