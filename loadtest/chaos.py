@@ -125,7 +125,7 @@ class Replica:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
         env |= {"RTSERVE_MODEL_REPOSITORY": str(self.repository), "RTSERVE_REDIS_URL": self.redis_url,
                 "RTSERVE_REDIS_KEY_PREFIX": self.prefix, "RTSERVE_LOG_LEVEL": "warning",
-                "RTSERVE_REDIS_TIMEOUT_SECONDS": "1", "RTSERVE_INTRA_OP_THREADS": "1", **self.extra_env}
+                "RTSERVE_INTRA_OP_THREADS": "1", **self.extra_env}  # Redis's deadline as deployed (2 s)
         self.process = subprocess.Popen([sys.executable, "-m", "rtserve.cli", "serve", "--port", str(self.port)],
                                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
         deadline = time.monotonic() + timeout
