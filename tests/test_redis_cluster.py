@@ -198,7 +198,7 @@ def test_an_applied_piece_on_a_cluster_costs_two_steps_the_second_fanned_out(rep
 
 async def test_the_lock_keeper_renews_locks_of_every_slot_in_one_pipeline(cluster):
     """On a cluster each lock is its own script call (the locks of different sessions live in different slots),
-    all of them in one pipeline; a script the nodes lost is loaded again."""
+    all of them in one pipeline sent to every node that holds one."""
     from service.metrics import ServiceMetrics
     from service.sessions import SessionStore
     from service.settings import Settings
