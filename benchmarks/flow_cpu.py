@@ -45,25 +45,28 @@ async def measure(options: argparse.Namespace) -> dict[str, float]:
         port = free_port()
         server = Server.rtserve(repository, port, Path("/tmp/rtserve-flow-cpu.log"), redis.url)
         client = Client(server.url, None, 4, 2.0)
+        process = psutil.Process(server.process.pid)
+
+        async def timed(kind: str, request: Awaitable[Any], counted: bool) -> Any:
+            before = process_cpu_seconds(process)
+            answer = await request
+            if counted:
+                spent[kind].append(process_cpu_seconds(process) - before)
+            return answer
+
         try:
             await server.wait_ready(client, 300)
-            process = psutil.Process(server.process.pid)
             for round_ in range(options.rounds + 1):
+                counted = round_ > 0  # the first round warms up
                 for session in sessions:
-
-                    async def timed(kind: str, request: Awaitable[Any], counted: bool = round_ > 0) -> Any:
-                        before = process_cpu_seconds(process)
-                        answer = await request
-                        if counted:  # the first round warms up
-                            spent[kind].append(process_cpu_seconds(process) - before)
-                        return answer
-
-                    created = await timed("create", client.post("/sessions", json.dumps({"model": model}).encode()))
+                    created = await timed("create", client.post("/sessions", json.dumps({"model": model}).encode()),
+                                          counted)
                     path = f"/sessions/{created['id']}"
                     for seq, body in enumerate(session.pieces, start=1):
-                        await timed("first piece" if seq == 1 else "piece", client.post(f"{path}/segments", body))
-                    await timed("finish", client.post(f"{path}/finish"))
-                    await timed("delete", client.delete(path))
+                        await timed("first piece" if seq == 1 else "piece", client.post(f"{path}/segments", body),
+                                    counted)
+                    await timed("finish", client.post(f"{path}/finish"), counted)
+                    await timed("delete", client.delete(path), counted)
         finally:
             await client.close()
             server.stop()

@@ -114,22 +114,24 @@ BATCHED_ROWS = 16  # ... if every core runs neither one row nor this many clearl
 POOL_SPEEDUP = 1.5  # ... at least this many times as fast
 
 
-def thread_milliseconds(path: Path, graph: Graph, rows: int, runs: int) -> tuple[float, float]:
-    """The median times of ``runs`` runs of the written graph on its own sample inputs of ``rows`` rows, on one
-    intra-op thread and on ONNX Runtime's default pool (every core), neither spinning, after a warm-up run each.
-    The two sessions take turns run by run, so that the machine's drift falls on both alike."""
+def thread_milliseconds(path: Path, graph: Graph, rows: int, runs: int,
+                        threads: tuple[int, ...] = (1, 0)) -> list[float]:
+    """The median time of ``runs`` runs of the written graph on its own sample inputs of ``rows`` rows, for each of
+    ``threads`` intra-op thread counts (default: one thread, then ONNX Runtime's default pool on every core),
+    none spinning, after a warm-up run each. The sessions take turns run by run, so that the machine's drift
+    falls on all alike."""
     import onnxruntime as ort
 
     sample = graph.sample_inputs(rows, torch.Generator().manual_seed(0))
     inputs = {spec.name: tensor.numpy() for spec, tensor in zip(graph.inputs, sample, strict=True)}
     sessions = []
-    for threads in (1, 0):
+    for count in threads:
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = count
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         sessions.append(ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"]))
     feed = {node.name: inputs[node.name] for node in sessions[0].get_inputs()}
-    times: list[list[float]] = [[], []]
+    times: list[list[float]] = [[] for _ in sessions]
     for session in sessions:
         session.run(None, feed)
     for _ in range(runs):
@@ -137,8 +139,7 @@ def thread_milliseconds(path: Path, graph: Graph, rows: int, runs: int) -> tuple
             started = time.perf_counter()
             session.run(None, feed)
             timings.append(time.perf_counter() - started)
-    one, pool = (1000 * statistics.median(timings) for timings in times)
-    return one, pool
+    return [1000 * statistics.median(timings) for timings in times]
 
 
 def light_graph_threads(path: Path, graph: Graph) -> int:
@@ -158,7 +159,7 @@ def light_graph_threads(path: Path, graph: Graph) -> int:
     medians of 30 runs each); the margin keeps a busy machine's noise from tipping a light graph to the pool."""
     if graph.axis_masks or not graph.sized_like_served:
         return 0
-    if thread_milliseconds(path, graph, 1, 1)[0] > 10 * LIGHT_GRAPH_MS:  # plainly heavy: not worth timing further
+    if thread_milliseconds(path, graph, 1, 1, threads=(1,))[0] > 10 * LIGHT_GRAPH_MS:  # plainly heavy: no more
         return 0
     one, pool = thread_milliseconds(path, graph, 1, 30)
     if one >= LIGHT_GRAPH_MS or one >= POOL_SPEEDUP * pool:

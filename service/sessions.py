@@ -500,19 +500,28 @@ class SessionStore:
         On a cluster the pipeline splits by node and the nodes are sent to in parallel (redis-py blocks the
         ``evalsha`` method in cluster pipelines, not the command: the script's keys share one slot).
         """
+        replies = await self._pipelined(script, [(keys, args)], also)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies[0]
+
+    async def _pipelined(self, script: Any, calls: list[tuple[list[str], list[Any]]],
+                         also: Callable[[Any], Any] | None = None) -> list[Any]:
+        """One EVALSHA of ``script`` per (keys, args) of ``calls``, then the commands ``also`` queues, all in one
+        round trip; every reply, an error as an exception. A script Redis lost (a restart) is loaded again."""
         for attempt in range(2):
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                also(pipe)
+                for keys, args in calls:
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                if also is not None:
+                    also(pipe)
                 replies = await pipe.execute(raise_on_error=False)
-            if isinstance(replies[0], NoScriptError) and attempt == 0:  # a restarted Redis: load it, go again
+            if attempt == 0 and any(isinstance(reply, NoScriptError) for reply in replies[: len(calls)]):
                 await self.redis.script_load(script.script)
                 continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies[0]
-        raise AssertionError("unreachable: a script that Redis just loaded is missing again")
+            return replies
+        raise AssertionError("unreachable: the second attempt returns")
 
     async def delete(self, session_id: str, owner: str) -> None:
         meta = await self.meta(session_id, owner)  # 404 for strangers
@@ -532,17 +541,10 @@ class SessionStore:
         # one script call per RENEWED_PER_CALL locks; on a cluster, one per lock (the locks live in different slots)
         size = 1 if self.store.cluster else RENEWED_PER_CALL
         groups = [held[i : i + size] for i in range(0, len(held), size)]
-        for attempt in range(2):
-            async with self.store.operation(), self.redis.pipeline(transaction=False) as pipe:
-                for group in groups:
-                    pipe.execute_command("EVALSHA", self._refresh.sha, len(group),
-                                         *(self._keys(session_id)["lock"] for session_id, _ in group),
-                                         *(token for _, token in group), self.lock_ms)
-                replies = await pipe.execute(raise_on_error=False)
-            if attempt == 0 and any(isinstance(reply, NoScriptError) for reply in replies):
-                await self.redis.script_load(self._refresh.script)  # a restarted Redis: load it, go again
-                continue
-            break
+        calls = [([self.store.key(session_id, "lock") for session_id, _ in group],
+                  [*(token for _, token in group), self.lock_ms]) for group in groups]
+        async with self.store.operation():
+            replies = await self._pipelined(self._refresh, calls)
         renewed: list[bool | None] = []
         for group, reply in zip(groups, replies, strict=True):
             renewed += [None] * len(group) if isinstance(reply, Exception) else [bool(ours) for ours in reply]

@@ -170,8 +170,9 @@ def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(foreca
     path = entry / step["files"]["onnx"]
 
     def timed(one_thread, pool, batched_one_thread=None, batched_pool=None):
-        def milliseconds(_path, _graph, rows, _runs):
-            return (one_thread, pool) if rows == 1 else (batched_one_thread, batched_pool)
+        def milliseconds(_path, _graph, rows, _runs, threads=(1, 0)):
+            timed = {1: one_thread, 0: pool} if rows == 1 else {1: batched_one_thread, 0: batched_pool}
+            return [timed[count] for count in threads]
 
         monkeypatch.setattr(exporter, "thread_milliseconds", milliseconds)
         return exporter.light_graph_threads(path, graph)
