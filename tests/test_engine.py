@@ -132,3 +132,20 @@ def test_pieces_per_second_rise_with_front_ends_until_the_fake_device_saturates(
     assert all(run["pieces_per_second"] <= 1.1 * capacity for run in device_bound), device_bound
     assert device_bound[1]["pieces_per_second"] < 1.25 * device_bound[0]["pieces_per_second"], device_bound
     assert device_bound[0]["mean_batch_size"] > 3, device_bound  # the device full at one front end already
+
+
+async def test_a_front_end_stops_waiting_for_the_engine_once_its_parent_is_gone(tmp_path, monkeypatch):
+    """A front end still starting when its parent died waits for no engine: the engine died with the parent."""
+    import multiprocessing
+    import time
+
+    class Gone:
+        @staticmethod
+        def is_alive() -> bool:
+            return False
+
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: Gone())
+    started = time.monotonic()
+    with pytest.raises(EngineUnavailable, match="parent process is gone"):
+        await EngineClient(tmp_path / "engine.sock").connect(timeout=600)
+    assert time.monotonic() - started < 5

@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import logging
 import math
+import multiprocessing
 import struct
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -214,13 +215,20 @@ class EngineClient:
         self._reader_task: asyncio.Task[None] | None = None
 
     async def connect(self, timeout: float = CONNECT_SECONDS) -> None:
-        """Connect (waiting for the engine's socket while the engine loads its models) and read its hello."""
+        """Connect (waiting for the engine's socket while the engine loads its models) and read its hello.
+
+        The wait ends early when this process's parent is gone: the engine, its child too, has gone with it (a
+        front end still starting when the parent was killed would otherwise wait out ``timeout``, since its
+        server acts on the SIGTERM only once started)."""
         deadline = asyncio.get_running_loop().time() + timeout
+        parent = multiprocessing.parent_process()  # a front end's: the process that started it and the engine
         while True:
             try:
                 reader, self._writer = await asyncio.open_unix_connection(str(self.path))
                 break
             except (FileNotFoundError, ConnectionRefusedError) as error:
+                if parent is not None and not parent.is_alive():
+                    raise EngineUnavailable("the parent process is gone, and the engine with it") from error
                 if asyncio.get_running_loop().time() > deadline:
                     raise EngineUnavailable(f"no engine answered at {self.path} within {timeout:.0f} s") from error
                 await asyncio.sleep(0.1)
