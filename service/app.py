@@ -22,6 +22,7 @@ from fastapi.openapi.utils import get_openapi
 
 from service.embedded_redis import EmbeddedRedis
 from service.errors import install_error_handlers
+from service.loop_lag import LoopLag
 from service.metrics import ServiceMetrics
 from service.middleware import BodyLimitMiddleware, RequestIdMiddleware, RequestMetricsMiddleware
 from service.routers import classify, docs, forecast, health, models, sessions, summarize
@@ -51,6 +52,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     store = StateStore.from_url(redis_url, settings.redis_key_prefix, settings.redis_timeout_seconds,
                                 settings.redis_max_connections, settings.redis_pool_timeout_seconds,
                                 cluster=settings.redis_cluster)
+    store.loop_lag = loop_lag = LoopLag(observe=metrics.loop_lag.observe)
+    loop_lag.start()
     engine = EngineClient(settings.engine_socket) if settings.engine_socket else None
     if engine is not None:  # a front end: the engine process loads and runs the graphs
         await engine.connect()
@@ -70,6 +73,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if engine is not None:
             await engine.close()
         await store.close()
+        loop_lag.stop()
         if embedded is not None:
             embedded.stop()
             log.info("stopped embedded Redis")

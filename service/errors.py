@@ -23,7 +23,7 @@ from service.runtime.registry import UnknownModel
 from service.schemas import PIECE_KINDS, VISIBLE_CHARACTER, ErrorBody
 from service.sessions import SequenceConflict, SessionFinished, SessionLimit, SessionNotFound
 from service.settings import Settings
-from service.state_store import StateStoreUnavailable
+from service.state_store import ServiceOverloaded, StateStoreUnavailable
 
 _WHY: dict[int, str] = {
     400: "The body is not JSON text the service can read (e.g. not UTF-8).",
@@ -37,7 +37,8 @@ _WHY: dict[int, str] = {
          "row width, text for a forecast session, ...).",
     429: "Too many live sessions for this key (finishing, deleting or idle expiry frees a place; `Retry-After` says "
          "when the next one expires by itself), or too many pieces for this session.",
-    503: "Redis unreachable, busy or out of memory, or the replica shut down before the request finished: the "
+    503: "Redis unreachable, busy or out of memory, the replica too busy to read Redis's answers in time, or the "
+         "replica shut down before the request finished: the "
          "outcome is unknown; `detail` says what a retry does (a piece: the same `seq`, applied at most once). "
          "Retry after `Retry-After` seconds.",
 }
@@ -153,6 +154,9 @@ def error_answer(error: Exception, scope: Scope) -> tuple[int, dict[str, Any], d
         body["expected_seq"] = error.expected
     elif isinstance(error, SessionLimit) and error.retry_after is not None:
         headers = {"Retry-After": str(error.retry_after)}
+    elif isinstance(error, ServiceOverloaded):
+        body["detail"] = f"{error}. The outcome of this request is unknown: " + retry_advice(scope)
+        headers = {"Retry-After": "1"}
     elif isinstance(error, StateStoreUnavailable):
         # A command may have reached Redis before the connection broke: the outcome is unknown, never
         # "nothing was changed". What a retry does is the route's (retry_advice).

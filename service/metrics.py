@@ -340,6 +340,12 @@ class ServiceMetrics:
             "rtserve_redis_operation_duration_seconds", "Latency of Redis operations.", ["operation"],
             buckets=LATENCY_BUCKETS, registry=r,
         )
+        self.loop_lag = Histogram(
+            "rtserve_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 25 ms: the time a ready callback (a request's next step, a "
+            "Redis reply) waits behind the others. Summed over the front ends with several workers.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
         self.gpu = GpuCollector() if collect_gpu else None
         if self.gpu is not None and self.gpu.available:
             r.register(self.gpu)

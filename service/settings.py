@@ -39,8 +39,9 @@ class Settings(BaseSettings):
     redis_key_prefix: str = Field("rtserve", description="Namespace of every Redis key the service writes.")
     redis_timeout_seconds: float = Field(
         2.0, gt=0, description="How long one Redis operation may take once it has a connection, before the request "
-        "answers 503 (on a Redis Cluster: each command's socket timeout, so that a failover's retries run their "
-        "course); connecting has as long.",
+        "answers 503; time the replica's own event loop ran behind lengthens it, up to three times this in all (on a "
+        "Redis Cluster: each command's socket timeout, so that a failover's retries run their course), a new "
+        "connection's connect included.",
     )
     redis_max_connections: int = Field(
         256, ge=1, description="Redis connections per replica; a request waits for a free one (never fails at once)."

@@ -12,7 +12,8 @@ Every operation runs in :meth:`StateStore.operation`: Redis's errors become the 
 server the whole operation (its round trip, and redis-py's retries on a broken connection) has
 ``RTSERVE_REDIS_TIMEOUT_SECONDS`` to finish. That one deadline replaces redis-py's socket timeout, which cost
 every command a task and a timer for its send and another timer for its read (a tenth of a millisecond of CPU
-per session piece, docs/serving.md); a Redis that stops answering is cut off as before.
+per session piece, docs/serving.md); a Redis that stops answering is cut off as before. Time the service's own
+event loop ran behind lengthens the deadline (:class:`Operation`): it is Redis's, not the loop's.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from redis.exceptions import ClusterDownError, OutOfMemoryError, ResponseError, 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from service.loop_lag import LoopLag
+
 
 class StateStoreUnavailable(RuntimeError):
     """Redis could not be reached or refused the write; the caller should retry later (HTTP 503).
@@ -38,6 +41,11 @@ class StateStoreUnavailable(RuntimeError):
     The outcome of the request is unknown (a command may have been applied before the connection
     broke): the message says so, and retrying the same request is safe.
     """
+
+
+class ServiceOverloaded(StateStoreUnavailable):
+    """A Redis operation ran out of time while the service's own event loop ran far behind: the replica, not Redis,
+    is too busy (HTTP 503, outcome unknown as for :class:`StateStoreUnavailable`)."""
 
 
 class StateStoreOutOfMemory(StateStoreUnavailable):
@@ -68,6 +76,7 @@ class StateStore:
         self.prefix = prefix
         self.cluster = cluster  # True: a RedisCluster client; keys of one session still share one slot
         self.deadline_seconds = deadline_seconds
+        self.loop_lag: LoopLag | None = None  # the running loop's lag, which lengthens each operation's deadline
 
     @classmethod
     def from_url(
@@ -81,7 +90,7 @@ class StateStore:
         A broken connection (a pooled socket that a restarted Redis closed) is retried twice on a fresh
         one: every write the service sends is idempotent when repeated (compare-and-set scripts,
         ZADD/SET of the same values), so a repeat can never apply a piece twice. Each operation has
-        ``timeout_seconds`` once it has a connection (:meth:`operation`); connecting has as long.
+        ``timeout_seconds`` once it has a connection (:meth:`operation`), a new connection's connect included.
 
         With ``cluster``, ``url`` names any one node of a Redis Cluster; ``max_connections`` is then per
         node, and redis-py's cluster pool does not wait for a free connection: past that many concurrent
@@ -104,7 +113,7 @@ class StateStore:
             max_connections=max_connections,
             timeout=pool_timeout_seconds,
             socket_timeout=None,  # each operation's deadline instead (Operation): redis-py's default is 5 s
-            socket_connect_timeout=timeout_seconds,
+            socket_connect_timeout=None,  # within the operation's deadline, which leaves out the loop's own lag
             decode_responses=False,
             retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2, supported_errors=(RedisConnectionError,)),
         )
@@ -218,35 +227,68 @@ class WaitingConnectionPool(aioredis.ConnectionPool):
                 self._free.release()
 
 
+LAG_ALLOWANCE = 2.0  # the loop's own lag lengthens an operation's deadline by at most this many deadlines
+
+
 class Operation:
     """One operation against Redis (:meth:`StateStore.operation`): cut off after the store's deadline, which a
     cancelled command leaves with its connection closed (redis-py never reuses a connection that was cancelled
-    mid-reply), and any error of Redis's raised as the service's. A wait for a free connection stops the clock
-    (the pool bounds it with ``RTSERVE_REDIS_POOL_TIMEOUT_SECONDS``); the operation then has the whole deadline
-    again. A class, not a generator: it runs twice per session piece."""
+    mid-reply), and any error of Redis's raised as the service's. A class, not a generator: it runs twice per
+    session piece.
 
-    __slots__ = ("store", "timer", "_deadline", "_running")
+    The deadline is Redis's, not the service's own. A wait for a free connection stops the clock (the pool bounds
+    it with ``RTSERVE_REDIS_POOL_TIMEOUT_SECONDS``); the operation then has the whole deadline again. Time the event
+    loop ran behind (the store's :class:`~service.loop_lag.LoopLag`) lengthens it, up to ``LAG_ALLOWANCE``
+    deadlines: under a burst a reply can sit unread while the loop serves the callbacks queued before it, and
+    cutting it off then would answer "Redis did not answer" for Redis's prompt answer. An operation cut off
+    after the loop ran behind for half its deadline or more raises :class:`ServiceOverloaded`.
+    """
+
+    __slots__ = ("store", "timer", "_deadline", "_running", "_handle", "_started", "_behind_at_start", "_behind")
 
     def __init__(self, store: StateStore, timer: AbstractContextManager[Any] | None = None) -> None:
         self.store, self.timer = store, timer
         self._deadline: asyncio.Timeout | None = None
         self._running: Token[Operation | None] | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._started = self._behind_at_start = self._behind = 0.0
 
     async def __aenter__(self) -> None:
         if self.store.deadline_seconds is not None:
-            self._deadline = asyncio.timeout(self.store.deadline_seconds)
+            self._deadline = asyncio.timeout(None)  # armed by _expire once the deadline has really passed
             await self._deadline.__aenter__()
+            self.resume()
         self._running = RUNNING_OPERATION.set(self)
         if self.timer is not None:
             self.timer.__enter__()
 
     def pause(self) -> None:
-        if self._deadline is not None:
-            self._deadline.reschedule(None)
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
     def resume(self) -> None:
-        if self._deadline is not None and self.store.deadline_seconds is not None:
-            self._deadline.reschedule(asyncio.get_running_loop().time() + self.store.deadline_seconds)
+        """(Re)start the clock: the whole deadline from now."""
+        if self._deadline is None or self.store.deadline_seconds is None:
+            return
+        loop = asyncio.get_running_loop()
+        lag = self.store.loop_lag
+        self._started = loop.time()
+        self._behind_at_start = lag.seconds_behind() if lag is not None else 0.0
+        self._handle = loop.call_at(self._started + self.store.deadline_seconds, self._expire)
+
+    def _expire(self) -> None:
+        """The deadline, lengthened by the loop's lag since the clock started, has passed: cut the operation off;
+        otherwise look again when the lengthened deadline comes."""
+        assert self._deadline is not None and self.store.deadline_seconds is not None
+        loop, lag, seconds = asyncio.get_running_loop(), self.store.loop_lag, self.store.deadline_seconds
+        self._behind = lag.seconds_behind() - self._behind_at_start if lag is not None else 0.0
+        until = self._started + seconds + min(self._behind, LAG_ALLOWANCE * seconds)
+        if until > loop.time():
+            self._handle = loop.call_at(until, self._expire)
+        else:
+            self._handle = None
+            self._deadline.reschedule(loop.time())  # asyncio's timeout cancels the task: TimeoutError on exit
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
                         traceback: TracebackType | None) -> None:
@@ -255,11 +297,22 @@ class Operation:
         if self._running is not None:
             RUNNING_OPERATION.reset(self._running)
         if self._deadline is not None:
+            self.pause()
             try:
                 await self._deadline.__aexit__(kind, error, traceback)  # our own cancellation -> TimeoutError
             except TimeoutError as timed_out:
-                raise StateStoreUnavailable(
-                    f"Redis at {_describe(self.store.url)} did not answer within {self.store.deadline_seconds:g} s"
-                ) from timed_out
+                raise self._cut_off() from timed_out
         if error is not None and (ours := self.store.as_error(error)) is not None:
             raise ours from error
+
+    def _cut_off(self) -> StateStoreUnavailable:
+        seconds = self.store.deadline_seconds
+        assert seconds is not None
+        waited = asyncio.get_running_loop().time() - self._started
+        if self._behind >= seconds / 2:
+            return ServiceOverloaded(
+                f"this replica is overloaded: its event loop ran {self._behind:.2f} s behind while it waited "
+                f"{waited:.2f} s for Redis at {_describe(self.store.url)} (the deadline, "
+                f"RTSERVE_REDIS_TIMEOUT_SECONDS={seconds:g}, lengthened by that lag up to {LAG_ALLOWANCE:g} times)"
+            )
+        return StateStoreUnavailable(f"Redis at {_describe(self.store.url)} did not answer within {seconds:g} s")

@@ -145,7 +145,7 @@ def test_metrics_after_one_request_of_each_kind(client):
                  "rtserve_generated_tokens", "rtserve_segments_processed", "rtserve_batch_size",
                  "rtserve_requests", "rtserve_request_duration_seconds", "rtserve_step_duration_seconds",
                  "rtserve_batch_queue_seconds", "rtserve_session_state_bytes", "rtserve_active_sessions",
-                 "rtserve_redis_operation_duration_seconds"):
+                 "rtserve_redis_operation_duration_seconds", "rtserve_event_loop_lag_seconds"):
         assert name in families, name
     requests = {(s.labels["route"], s.labels["status"]): s.labels["model"]
                 for s in families["rtserve_requests"].samples}

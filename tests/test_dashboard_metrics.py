@@ -40,7 +40,8 @@ def test_the_dashboard_uses_the_provisioned_datasource_and_shows_what_operators_
     assert {panel["datasource"]["uid"] for panel in dashboard["panels"]} == {uid}
     for family in ("rtserve_request_duration_seconds_bucket", "rtserve_batch_size_sum", "rtserve_batch_queue_seconds",
                    "rtserve_active_sessions", "rtserve_session_state_bytes", "rtserve_gpu_power_watts",
-                   "rtserve_energy_joules_total", "rtserve_redis_operation_duration_seconds"):
+                   "rtserve_energy_joules_total", "rtserve_redis_operation_duration_seconds",
+                   "rtserve_event_loop_lag_seconds"):
         assert family in text, f"no panel shows {family}"
     provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/rtserve.yml").read_text())
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"

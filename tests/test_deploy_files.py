@@ -245,12 +245,13 @@ def test_alert_rules_fire_on_the_series_they_watch():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_alert_rules_cover_errors_latency_queue_redis_and_gpu_power():
+def test_alert_rules_cover_errors_latency_queue_loop_lag_redis_and_gpu_power():
     rules = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text())
     exprs = {rule["alert"]: rule["expr"] for group in rules["groups"] for rule in group["rules"]}
     assert "rtserve_requests_total" in exprs["RtserveHighErrorRate"]
     assert "rtserve_request_duration_seconds_bucket" in exprs["RtserveHighP99Latency"]
     assert "rtserve_batch_queue_seconds_bucket" in exprs["RtserveHighQueueTime"]
+    assert "rtserve_event_loop_lag_seconds_bucket" in exprs["RtserveEventLoopBehind"]
     assert "redis_up" in exprs["RedisDown"]
     assert "redis_memory_max_bytes" in exprs["RedisNearMemoryLimit"]
     assert "rtserve_gpu_power_watts" in exprs["RtserveGpuPowerNearLimit"]

@@ -106,6 +106,115 @@ async def test_a_redis_that_stops_answering_is_cut_off_at_the_deadline_and_the_n
         await store.close()
 
 
+async def test_the_loop_lag_is_summed_from_a_ticker_that_wakes_late():
+    """A loop held 0.2 s: the ticker's lateness is summed (the pending tick's counted before it runs) and each
+    tick's lateness is observed; an idle loop runs almost nothing behind."""
+    import asyncio
+    import time
+
+    from service.loop_lag import LoopLag
+
+    observed: list[float] = []
+    lag = LoopLag(interval=0.01, observe=observed.append)
+    lag.start()
+    await asyncio.sleep(0.1)
+    idle = lag.seconds_behind()
+    time.sleep(0.2)  # the loop held
+    assert lag.seconds_behind() >= idle + 0.18  # counted before the late tick has run
+    await asyncio.sleep(0.05)
+    lag.stop()
+    assert idle < 0.05
+    assert max(observed) >= 0.18 and lag.seconds_behind() >= idle + 0.18
+
+
+async def test_a_reply_waiting_behind_a_busy_event_loop_is_not_cut_off_as_redis_slowness(redis_url: str, monkeypatch):
+    """An operation of two commands; Redis answers each at once, but the event loop is held (0.15 s) from the
+    moment the first is sent, past the 0.1 s deadline, so its reply waits unread: with the loop's lag measured,
+    the deadline is lengthened by it and the operation succeeds; without it the operation is cut off as "Redis did
+    not answer" (what a burst of requests used to get)."""
+    import asyncio
+    import time
+
+    from redis.asyncio.connection import AbstractConnection
+
+    from service.loop_lag import LoopLag
+
+    send = AbstractConnection.send_packed_command
+    holding = False
+
+    async def send_then_hold_the_loop(self, *args, **options):
+        await send(self, *args, **options)
+        if holding:
+            asyncio.get_running_loop().call_soon(time.sleep, 0.15)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", send_then_hold_the_loop)
+
+    async def held_operation(store: StateStore) -> list[bytes | None]:
+        nonlocal holding
+        await store.client.ping()  # connected
+        holding = True
+        try:
+            async with store.operation():
+                first = await store.client.get("missing-key")
+                holding = False
+                return [first, await store.client.get("missing-key")]
+        finally:
+            holding = False
+
+    store = StateStore.from_url(redis_url, timeout_seconds=0.1)
+    with pytest.raises(StateStoreUnavailable, match=r"did not answer within 0\.1 s"):
+        await held_operation(store)
+    await store.close()
+
+    store = StateStore.from_url(redis_url, timeout_seconds=0.1)
+    store.loop_lag = LoopLag()
+    store.loop_lag.start()
+    assert await held_operation(store) == [None, None]
+    store.loop_lag.stop()
+    await store.close()
+
+
+async def test_an_operation_cut_off_while_the_loop_ran_far_behind_says_the_replica_is_overloaded(tmp_path):
+    """Redis stopped (SIGSTOP) and the event loop held 0.4 s, four deadlines: the operation still ends (the lag
+    lengthens a deadline at most twice over), as overloaded, not as Redis's silence; the same store with the loop
+    idle says Redis did not answer, within its deadline."""
+    import asyncio
+    import os
+    import signal
+    import time
+
+    from service.embedded_redis import EmbeddedRedis
+    from service.errors import error_answer
+    from service.loop_lag import LoopLag
+    from service.state_store import ServiceOverloaded
+
+    with EmbeddedRedis(tmp_path) as redis:
+        store = StateStore.from_url(redis.url, timeout_seconds=0.1)
+        store.loop_lag = LoopLag()
+        store.loop_lag.start()
+        await store.client.ping()
+        assert redis.pid is not None
+        os.kill(redis.pid, signal.SIGSTOP)
+        try:
+            asyncio.get_running_loop().call_soon(time.sleep, 0.4)
+            with pytest.raises(ServiceOverloaded, match=r"overloaded: its event loop ran 0\.\d+ s behind") as raised:
+                async with store.operation():
+                    await store.client.get("k")
+            started = time.monotonic()
+            with pytest.raises(StateStoreUnavailable, match=r"did not answer within 0\.1 s"):
+                async with store.operation():
+                    await store.client.get("k")
+            assert time.monotonic() - started < 0.5
+        finally:
+            os.kill(redis.pid, signal.SIGCONT)
+        store.loop_lag.stop()
+        await store.close()
+    status, body, headers = error_answer(raised.value, {"method": "POST", "path": "/sessions", "type": "http"})
+    assert status == 503 and headers == {"Retry-After": "1"}
+    assert body["detail"].startswith("this replica is overloaded") and "outcome of this request is unknown" in \
+        body["detail"]
+
+
 async def test_a_full_pool_makes_commands_wait_for_a_connection_and_fails_only_past_its_timeout(redis_url: str):
     """Two connections, six commands that each hold one for 0.2 s: all six are answered (in three rounds); with a
     wait shorter than a round, those that cannot get a connection in time fail as Redis unavailable (503)."""
