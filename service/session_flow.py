@@ -168,8 +168,9 @@ class SessionFlow:
             raise SessionNotFound(f"session {meta.id} expired while finishing")
         return fresh
 
-    async def delete(self, session_id: str, owner: str) -> None:
-        await self.sessions.delete(session_id, owner)
+    async def delete(self, meta: SessionMeta) -> None:
+        """Drop the session ``meta`` describes (read by :meth:`status`, which refuses strangers)."""
+        await self.sessions.delete(meta)
 
     async def refresh_active_sessions(self) -> None:
         """Set the active-sessions gauge from the shared Redis index (called at scrape time)."""

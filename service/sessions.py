@@ -21,22 +21,26 @@ on a Redis Cluster (``RTSERVE_REDIS_CLUSTER``), 16 shards
 index writes of a busy model spread over the cluster's nodes instead of
 heating one key; the count is the sum of the shards.
 
-Every Lua script touches the keys of one hash slot only: the session's own
-keys, or the one quota key (``QUOTA_SCRIPT``). The indexes are updated by plain
-commands sent in the same round trip as the session's script (on a cluster, to
-whichever nodes hold them, in parallel), so they are not atomic with the
-session: they are counts for quotas and gauges, never the source of truth
-about a session. What that allows: a session whose index update failed (its
-request answered 503, the piece itself applied or not) keeps its last index
+On a Redis Cluster every Lua script touches the keys of one hash slot only:
+the session's own keys, or the one quota key (``QUOTA_SCRIPT``); the indexes
+are updated by plain commands sent in the same round trip as the session's
+script, to whichever nodes hold them, in parallel. On one server, where a
+script may touch any key, the create's and the finish's scripts update the
+indexes themselves, which saves a round trip each. Either way the indexes
+are counts for quotas and gauges, never the source of truth about a session.
+What that allows: a session whose index update failed (its request answered
+503, the piece itself applied or not) keeps its last index
 score and may leave the count early, undercounting by one until it ends; a
 failover that loses the newest writes of a primary (replication is
 asynchronous) may lose a quota reservation or an index entry with them.
 
-A create first reserves its place in the quota index (``QUOTA_SCRIPT``: prune,
-count, add, atomically, so parallel creates cannot overshoot), then writes
-meta and state in one script (``CREATE_SCRIPT``) pipelined with the live
-index. A session therefore never exists outside the quota index; a create
-that fails after its reservation removes what it may have written. Finishing
+A create first reserves its place in the quota index (prune, count, add,
+atomically, so parallel creates cannot overshoot), then writes meta and state
+and its live-index entry: on one server all in one script (``CREATE_SCRIPT``
+given the indexes), on a cluster ``QUOTA_SCRIPT``, then ``CREATE_SCRIPT``
+pipelined with the live index. A session therefore never exists outside the
+quota index; a create that fails after its reservation removes what it may
+have written. Finishing
 takes the session out of both indexes (its place in the quota frees at once)
 and drops its state: a finished session only answers again what it stored,
 for the idle TTL.
@@ -83,23 +87,42 @@ from service.tensor_codec import decode_tensors, encode_tensors
 
 QUOTA_SCRIPT = """
 -- KEYS: the quota index; ARGV: now, limit, session id, idle expiry
--- Drops expired members, then adds the session if fewer than limit remain. Returns {count before}, or
--- {-1, the earliest idle expiry among the members} when the quota is full.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local count = redis.call('ZCARD', KEYS[1])
+-- Counts the members not yet idle-expired; when limit or more, returns {-1, the earliest idle expiry among them}
+-- and writes nothing. Otherwise adds the session, drops the expired members and returns {the count}. The add is
+-- the first write: Redis checks maxmemory at a script's first write only, so a full Redis refuses the script before
+-- it writes anything (a prune first would let the later writes through).
+local count = redis.call('ZCOUNT', KEYS[1], '(' .. ARGV[1], '+inf')
 if count >= tonumber(ARGV[2]) then
-  return {-1, redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]}
+  return {-1, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]}
 end
 redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 return {count}
 """
 
 CREATE_SCRIPT = """
--- KEYS: meta, state; ARGV: ttl, state, then the meta hash as field, value pairs
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
-return 1
+-- KEYS: meta, state, and on one server the quota and live indexes; ARGV: now, limit, session id, idle expiry,
+-- ttl, state, then the meta hash as field, value pairs.
+-- With the indexes: QUOTA_SCRIPT's reservation first (a full quota returns {-1, its earliest idle expiry} and
+-- writes nothing), then the session, then its live-index entry (pruning idle-expired ones).
+-- Returns {the quota's count before} ({0} without the indexes).
+local count = 0
+if #KEYS == 4 then
+  count = redis.call('ZCOUNT', KEYS[3], '(' .. ARGV[1], '+inf')
+  if count >= tonumber(ARGV[2]) then
+    return {-1, redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]}
+  end
+  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[5])
+if #KEYS == 4 then
+  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[1])
+end
+return {count}
 """
 
 REFRESH_SCRIPT = """
@@ -160,9 +183,11 @@ return {1, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
 
 FINISH_SCRIPT = """
--- KEYS: meta, result, state, chunks; ARGV: seq it was computed at, result, ttl
+-- KEYS: meta, result, state, chunks, and on one server the live and quota indexes; ARGV: seq it was computed at,
+-- result, ttl, session id
 -- Returns {outcome, meta fields, meta ttl}: 1 finished now, 2 already finished, 0 a piece came in between,
--- -1 session gone. A finished session only answers again what it stored: its state and chunks are dropped.
+-- -1 session gone. A finished session only answers again what it stored: its state and chunks are dropped, and
+-- it leaves the indexes given.
 local current = redis.call('HGET', KEYS[1], 'seq')
 if not current then return {-1} end
 if tonumber(current) ~= tonumber(ARGV[1]) then return {0} end
@@ -174,6 +199,7 @@ if redis.call('HGET', KEYS[1], 'status') ~= 'finished' then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
   outcome = 1
 end
+for i = 5, #KEYS do redis.call('ZREM', KEYS[i], ARGV[4]) end
 return {outcome, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
 
@@ -294,6 +320,7 @@ class SessionStore:
         self._refresh = self.redis.register_script(REFRESH_SCRIPT)
         self.lock_ms = max(1, int(settings.session_lock_seconds * 1000))
         self.live_shards = LIVE_INDEX_SHARDS if store.cluster else 1
+        self.one_node = not store.cluster  # a script may then touch the indexes too (on a cluster: other slots)
         self._held: dict[tuple[str, str], float] = {}  # (session id, lock token) -> when the lock was taken
         self._keeper: asyncio.Task[None] | None = None
 
@@ -331,8 +358,24 @@ class SessionStore:
             "status": "open",
         }
         limit = self.settings.max_sessions_per_key
-        async with self.store.operation(self.metrics.time_redis("create")):
-            held = await self._quota(keys=[self._owner_key(quota)], args=[now, limit, session_id, now + ttl])
+        pairs = [str(item) for field in fields.items() for item in field]
+        quota_key, live_key = self._owner_key(quota), self._live_key(model, session_id)
+        args = [now, limit, session_id, now + ttl, ttl, blob, *pairs]
+        try:
+            async with self.store.operation(self.metrics.time_redis("create")):
+                if self.one_node:  # the reservation, the session and its live-index entry: one script
+                    held = await self._evalsha(self._create, [keys["meta"], keys["state"], quota_key, live_key], args)
+                else:  # the quota index lives in another slot: reserve, then the session and its index entry
+                    held = await self._evalsha(self._quota, [quota_key], args[:4])
+                    if int(held[0]) >= 0:
+                        await self._script_with(
+                            self._create, [keys["meta"], keys["state"]], args,
+                            lambda pipe: pipe.zadd(live_key, {session_id: now + ttl})
+                            .zremrangebyscore(live_key, "-inf", now),  # prune idle-expired ones
+                        )
+        except BaseException:
+            await self._forget(session_id, quota, model)
+            raise
         if int(held[0]) < 0:
             who = "this API key" if quota == owner else "this client address"
             frees_in = max(1, math.ceil(float(held[1]) - now))
@@ -341,17 +384,6 @@ class SessionStore:
                 f"of them is finished (POST /sessions/{{id}}/finish) or deleted (DELETE /sessions/{{id}}); left idle, "
                 f"the next one expires in {frees_in} s", retry_after=frees_in,
             )
-        try:
-            async with self.store.operation(self.metrics.time_redis("create")):
-                pairs = [str(item) for field in fields.items() for item in field]
-                await self._script_with(
-                    self._create, [keys["meta"], keys["state"]], [ttl, blob, *pairs],
-                    lambda pipe: pipe.zadd(self._live_key(model, session_id), {session_id: now + ttl})
-                    .zremrangebyscore(self._live_key(model, session_id), "-inf", now),  # prune idle-expired ones
-                )
-        except BaseException:
-            await self._forget(session_id, quota, model)
-            raise
         return SessionMeta.from_hash(
             session_id, {k.encode(): str(v).encode() for k, v in fields.items()}, ttl * 1000
         )
@@ -475,13 +507,15 @@ class SessionStore:
         between, -1 session gone (meta None for the last two).
         """
         keys = self._keys(meta.id)
-        args = [meta.seq, orjson.dumps(result), self._ttl(meta.deadline)]
+        indexes = [self._live_key(meta.model, meta.id), self._owner_key(meta.quota)]
+        script_keys = [keys["meta"], keys["result"], keys["state"], keys["chunks"]]
+        args = [meta.seq, orjson.dumps(result), self._ttl(meta.deadline), meta.id]
         async with self.store.operation(self.metrics.time_redis("finish")):
-            reply = await self._finish(keys=[keys["meta"], keys["result"], keys["state"], keys["chunks"]], args=args)
+            reply = await self._evalsha(self._finish, script_keys + indexes if self.one_node else script_keys, args)
             outcome = int(reply[0])
-            if outcome in (1, 2):  # outside the session's hash slot: after the script, only once it finished
+            if outcome in (1, 2) and not self.one_node:  # the indexes live in other slots: once it finished
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.zrem(self._live_key(meta.model, meta.id), meta.id).zrem(self._owner_key(meta.quota), meta.id)
+                    pipe.zrem(indexes[0], meta.id).zrem(indexes[1], meta.id)
                     await pipe.execute()
         return outcome, (SessionMeta.from_hash(meta.id, reply[1], int(reply[2])) if outcome in (1, 2) else None)
 
@@ -523,14 +557,12 @@ class SessionStore:
             return replies
         raise AssertionError("unreachable: the second attempt returns")
 
-    async def delete(self, session_id: str, owner: str) -> None:
-        meta = await self.meta(session_id, owner)  # 404 for strangers
-        keys = self._keys(session_id)
+    async def delete(self, meta: SessionMeta) -> None:
+        """Drop the session of ``meta`` (read by :meth:`meta`, which refuses strangers) and its index entries."""
         async with self.store.operation(self.metrics.time_redis("delete")):
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.delete(*keys.values())
-                pipe.zrem(self._owner_key(meta.quota), session_id).zrem(self._live_key(meta.model, session_id),
-                                                                        session_id)
+                pipe.delete(*self._keys(meta.id).values())
+                pipe.zrem(self._owner_key(meta.quota), meta.id).zrem(self._live_key(meta.model, meta.id), meta.id)
                 await pipe.execute()
 
     async def refresh(self, held: list[tuple[str, str]]) -> list[bool | None]:

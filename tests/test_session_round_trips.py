@@ -1,4 +1,5 @@
-"""An applied piece costs two round trips to Redis, a retry one, counted on the real connection."""
+"""An applied piece costs two round trips to Redis, a retry one, a create one, a finish two and a delete two,
+counted on the real connection (one Redis server)."""
 
 import numpy as np
 import pytest
@@ -47,6 +48,39 @@ def test_an_applied_piece_costs_two_round_trips_and_a_retry_one(client, round_tr
         assert round_trips["count"] == 1
     status = client.get(f"/sessions/{session['id']}").json()
     assert status["seq"] == 5 and status["consumed"] == 10 + 4 * 7
+
+
+def active_sessions(client, model: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(client.get("/metrics").text)
+               if family.name == "rtserve_active_sessions" for sample in family.samples
+               if sample.labels["model"] == model)
+
+
+def test_a_create_costs_one_round_trip_a_finish_two_and_a_delete_two(client, round_trips):
+    """On one server the create's script reserves the quota, writes the session and its live-index entry (the
+    active-session count rises), the finish's script takes it out of both indexes (the count falls back); a delete
+    reads the session once (its owner) and drops it."""
+    warm_up = client.post("/sessions", json={"task": "forecast"}).json()
+    client.post(f"/sessions/{warm_up['id']}/finish")  # scripts loaded by now
+    model = warm_up["model"]
+    for _ in range(3):
+        before = active_sessions(client, model)
+        round_trips["count"] = 0
+        session = client.post("/sessions", json={"task": "forecast"}).json()
+        assert round_trips["count"] == 1
+        assert active_sessions(client, model) == before + 1
+        url = f"/sessions/{session['id']}"
+        assert client.post(f"{url}/segments", json={"seq": 1, "rows": rows(5)}).status_code == 200
+        round_trips["count"] = 0
+        assert client.post(f"{url}/finish").status_code == 200
+        assert round_trips["count"] == 2  # the snapshot, the finish
+        assert active_sessions(client, model) == before
+        round_trips["count"] = 0
+        assert client.delete(url).status_code == 204
+        assert round_trips["count"] == 2  # the owner's check, the drop
+        assert client.get(url).status_code == 404
 
 
 def test_a_piece_still_applies_after_redis_forgets_its_scripts(client):

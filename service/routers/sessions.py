@@ -79,7 +79,7 @@ async def session_status(session_id: SessionId, request: Request, flow: FlowDep,
 async def delete_session(session_id: SessionId, request: Request, flow: FlowDep, owner: OwnerDep) -> Response:
     meta = await flow.status(session_id, owner)
     request.state.model = meta.model
-    await flow.delete(session_id, owner)
+    await flow.delete(meta)
     return Response(status_code=204)
 
 
