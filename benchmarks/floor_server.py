@@ -160,8 +160,9 @@ class Floor:
                   "deadline": now + TTL_SECONDS, "consumed": 0, "segments": 0, "state_bytes": len(state),
                   "piece_sha": "", "status": "open"}
         meta, state_key = self.keys(session_id)[:2]
-        await self.create(keys=[meta, state_key], args=[TTL_SECONDS, state, *(str(x) for kv in fields.items()
-                                                                                 for x in kv)])
+        # the session's keys only (no quota, no live index): ARGV now, limit, id, idle expiry, ttl, state, meta
+        await self.create(keys=[meta, state_key], args=[now, 0, session_id, now + TTL_SECONDS, TTL_SECONDS, state,
+                                                        *(str(x) for kv in fields.items() for x in kv)])
         return answer({"id": session_id, "seq": 0}, 201)
 
     async def piece(self, request: Request) -> Response:

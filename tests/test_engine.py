@@ -99,6 +99,51 @@ async def test_every_task_reads_the_same_through_the_engine_as_in_process(every_
         await engine_side.close()
 
 
+async def test_the_engines_lone_light_step_runs_on_its_event_loop_and_concurrent_ones_share_batches(
+        forecast_repository, tmp_path):
+    """The tiny forecaster's step is light: when it is the engine's only call in flight it runs on the engine's event
+    loop, as a lone request's does in one process (no hop to the worker's thread and back); many calls in flight go
+    through the worker and share its batches."""
+    import threading
+
+    settings = Settings(model_repository=forecast_repository[0], redis_url="redis://unused")
+    engine_side = ModelRegistry(settings, ServiceMetrics(collect_gpu=False), alone=lambda: engine.alone())
+    engine = Engine(engine_side)
+    await engine_side.load_all()
+    server = await engine.serve(tmp_path / "engine.sock")
+    client = EngineClient(tmp_path / "engine.sock")
+    await client.connect(timeout=10)
+    front = ModelRegistry(settings, ServiceMetrics(collect_gpu=False), client)
+    await front.load_all()
+    try:
+        batcher = engine_side.models["rsa-tiny:1"].batchers["step"]
+        assert engine_side.models["rsa-tiny:1"].manifest["graphs"][0]["intra_op_threads"] == 1
+        threads: list[threading.Thread] = []
+        rows_per_batch: list[int] = []
+        run = batcher.backend.run
+
+        def recording_run(inputs, keep=()):
+            threads.append(threading.current_thread())
+            rows_per_batch.append(next(iter(inputs.values())).shape[0])
+            return run(inputs, keep)
+
+        batcher.backend.run = recording_run
+        model = front.resolve(None, "forecast")
+        rows = (np.random.default_rng().standard_normal((40, len(VARIABLES))) * 3 + 10).tolist()
+        await model.consume(model.new_state(), rows)
+        assert threads == [threading.current_thread()]  # the engine's loop: this test's
+        threads.clear(), rows_per_batch.clear()
+        await asyncio.gather(*(model.consume(model.new_state(), rows) for _ in range(16)))
+        assert sum(rows_per_batch) == 16 and max(rows_per_batch) > 1, rows_per_batch
+        assert any(thread is not threading.current_thread() for thread in threads)  # the worker's
+        assert engine.calls_in_flight == 0
+    finally:
+        server.close()
+        await client.close()
+        await front.close()
+        await engine_side.close()
+
+
 @pytest.mark.slow
 def test_rows_of_two_front_ends_share_the_engines_batches():
     """Each front end's rows carry its number; the fake device sees which front ends each batch mixes, and every

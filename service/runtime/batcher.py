@@ -22,7 +22,8 @@ and masks. The backend runs on a worker thread: the event loop never blocks
 on a batch. One exception, for a *light* graph (one that a single thread runs
 at batch 1 in under 2 ms, and every core not 1.5 times as fast, as its export
 measured): the call of a request that is the process's only one in flight
-(``alone``), finding nothing queued, nothing running and no company promised,
+(``alone``; in the engine process, the engine's only call in flight), finding
+nothing queued, nothing running and no company promised,
 runs on the event loop at once, as the policy would have run it, since the hops
 to the worker's thread and back cost more CPU than the step itself. With other
 requests in flight every call goes through the queue, so that theirs can join

@@ -1,0 +1,89 @@
+"""A lone forecast piece through the engine process: the engine's CPU, the front end's CPU and the wall time per piece.
+
+    .venv/bin/python benchmarks/engine_hop.py [--model rsa-etth1-h24] [--pieces 1000] [--repeats 5]
+
+Method: the engine process is the service's (``python -m service.runtime.engine``, as ``RTSERVE_WORKERS`` above 1
+starts it) over a repository holding only ``--model`` (a folder of links to the model repository's entry). This
+process is the front end: the service's registry with its engine client, whose forecast pipeline sends each step to
+the engine. Pieces of 24 ETTh1-like rows are consumed one after another on one session's state, so every step is
+the engine's only call in flight. Per repeat, the engine process's and this process's CPU (the kernel's
+per-process clocks) and the wall time are read around ``--pieces`` pieces; printed: the medians per piece.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+async def measure(options: argparse.Namespace) -> dict[str, float]:
+    import psutil
+
+    from service.metrics import ServiceMetrics
+    from service.runtime.engine import EngineClient
+    from service.runtime.registry import ModelRegistry
+    from service.settings import Settings
+
+    folder = Path(tempfile.mkdtemp(prefix="rtserve-engine-hop-"))
+    repository, metrics, socket_path = folder / "repository", folder / "metrics", folder / "engine.sock"
+    repository.mkdir(), metrics.mkdir()
+    (repository / options.model).symlink_to(options.model_repository.resolve() / options.model)
+    env = dict(os.environ, RTSERVE_MODEL_REPOSITORY=str(repository), RTSERVE_METRICS_DIR=str(metrics),
+               PROMETHEUS_MULTIPROC_DIR=str(metrics))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    engine = subprocess.Popen([sys.executable, "-m", "service.runtime.engine", str(socket_path)], env=env, cwd=ROOT)
+    client = EngineClient(socket_path)
+    try:
+        await client.connect(timeout=300)
+        settings = Settings(model_repository=repository, redis_url="redis://unused")
+        front = ModelRegistry(settings, ServiceMetrics(collect_gpu=False), client)
+        await front.load_all()
+        model = front.resolve(None, "forecast")
+        rows = (np.random.default_rng(0).standard_normal((24, model.pipeline.row_width)) * 3 + 10).tolist()
+        state = model.new_state()
+        for _ in range(200):  # warm-up
+            await model.consume(state, rows)
+        engine_process, front_end = psutil.Process(engine.pid), psutil.Process()
+        runs: list[tuple[float, float, float]] = []
+        for _ in range(options.repeats):
+            engine_cpu, front_cpu = sum(engine_process.cpu_times()[:2]), sum(front_end.cpu_times()[:2])
+            started = time.perf_counter()
+            for _ in range(options.pieces):
+                await model.consume(state, rows)
+            runs.append((sum(engine_process.cpu_times()[:2]) - engine_cpu, sum(front_end.cpu_times()[:2]) - front_cpu,
+                         time.perf_counter() - started))
+    finally:
+        await client.close()
+        engine.terminate()
+        engine.wait(timeout=30)
+    per_piece = [[1e6 * value / options.pieces for value in run] for run in runs]
+    return {name: statistics.median(run[i] for run in per_piece)
+            for i, name in enumerate(("engine_cpu_us", "front_end_cpu_us", "wall_us"))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="rsa-etth1-h24")
+    parser.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
+    parser.add_argument("--pieces", type=int, default=1000, help="pieces per repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    options = parser.parse_args()
+    result = asyncio.run(measure(options))
+    print(f"per piece (medians of {options.repeats} x {options.pieces}): engine {result['engine_cpu_us']:.0f} µs of "
+          f"CPU, front end {result['front_end_cpu_us']:.0f} µs of CPU, wall {result['wall_us']:.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
