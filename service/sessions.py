@@ -34,7 +34,7 @@ score and may leave the count early, undercounting by one until it ends; a
 failover that loses the newest writes of a primary (replication is
 asynchronous) may lose a quota reservation or an index entry with them.
 
-A create first reserves its place in the quota index (prune, count, add,
+A create first reserves its place in the quota index (count, add, prune,
 atomically, so parallel creates cannot overshoot), then writes meta and state
 and its live-index entry: on one server all in one script (``CREATE_SCRIPT``
 given the indexes), on a cluster ``QUOTA_SCRIPT``, then ``CREATE_SCRIPT``
