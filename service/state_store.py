@@ -312,7 +312,7 @@ class Operation:
         if self._behind >= seconds / 2:
             return ServiceOverloaded(
                 f"this replica is overloaded: its event loop ran {self._behind:.2f} s behind while it waited "
-                f"{waited:.2f} s for Redis at {_describe(self.store.url)} (the deadline, "
-                f"RTSERVE_REDIS_TIMEOUT_SECONDS={seconds:g}, lengthened by that lag up to {LAG_ALLOWANCE:g} times)"
+                f"{waited:.2f} s for Redis at {_describe(self.store.url)} (the deadline, RTSERVE_REDIS_TIMEOUT_SECONDS="
+                f"{seconds:g}, lengthened by that lag, {LAG_ALLOWANCE * seconds:g} s at most)"
             )
         return StateStoreUnavailable(f"Redis at {_describe(self.store.url)} did not answer within {seconds:g} s")
