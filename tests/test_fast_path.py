@@ -1,4 +1,5 @@
-"""The segment route's fast path answers exactly what the validated path answers, and takes only what it takes."""
+"""The fast paths (a session's piece, a one-shot forecast or classification) answer exactly what the validated path
+answers, and take only what they take."""
 
 import json
 
@@ -7,9 +8,19 @@ import orjson
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from service.routers import forecast as forecast_router
+from service.routers import one_shot
 from service.routers import sessions as sessions_router
+from service.routers.one_shot import answer as one_shot_answer
 from service.routers.sessions import info, segment_answer
-from service.schemas import FLOAT32_MAX, SegmentRequest, SegmentResponse, plain_piece
+from service.schemas import (
+    FLOAT32_MAX,
+    ClassifyResponse,
+    ForecastResponse,
+    SegmentRequest,
+    SegmentResponse,
+    plain_piece,
+)
 from service.session_flow import Applied
 from service.sessions import SessionMeta
 from tests.tiny_checkpoints import VARIABLES
@@ -123,3 +134,39 @@ def test_fast_and_validated_pieces_answer_alike_and_a_retry_by_either_path_is_th
             for key in ("id", "created_at", "expires_at"):
                 answer["session"].pop(key)
         assert fast == validated_answer
+
+
+ONE_SHOT_RESULTS = [(ForecastResponse, RESULTS[0]), (ForecastResponse, RESULTS[1]), (ClassifyResponse, RESULTS[2]),
+                    (ClassifyResponse, RESULTS[3]), (ForecastResponse, RESULTS[0] | {"not_in_the_schema": 1})]
+
+
+@pytest.mark.parametrize(("response_model", "result"), ONE_SHOT_RESULTS)
+def test_a_one_shot_answer_serialized_once_is_the_one_the_response_model_gives(response_model, result):
+    values = {"model": "m:1"} | result
+    fast = one_shot_answer(response_model, values).body
+    assert fast == response_model(**values).model_dump_json().encode()  # byte for byte, in the model's field order
+
+
+def test_one_shot_fast_and_validated_bodies_answer_alike(client, monkeypatch):
+    """A plain body is answered by the route's fast path, one that only validation takes (``model`` null) by the
+    endpoint; both answer the same forecast, and an unknown model the same 404."""
+    taken = []
+    read = one_shot.read_plain_body
+
+    async def counting(request, field):
+        body = await read(request, field)
+        taken.append(body is not None)
+        return body
+
+    monkeypatch.setattr(forecast_router, "read_plain_body", counting)
+    rows = np.random.default_rng().integers(0, 20, (40, len(VARIABLES))).tolist()
+    fast = client.post("/forecast", json={"rows": rows})
+    validated_answer = client.post("/forecast", json={"rows": rows, "model": None})
+    assert taken == [True, False]
+    assert fast.status_code == validated_answer.status_code == 200, (fast.text, validated_answer.text)
+    assert fast.json() == validated_answer.json() and fast.json()["forecast"] is not None
+    unknown = client.post("/forecast", json={"rows": rows, "model": "nope"})
+    assert unknown.status_code == 404 and "nope" in unknown.json()["detail"]
+    extra = client.post("/forecast", json={"rows": rows, "model": "nope", "extra": 1})
+    assert extra.status_code == 422  # another field: validation's to refuse, before the model is looked up
+    assert taken == [True, False, True, False]

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
 
 from service.errors import BODY, check_text, responses
-from service.json_body import JSONBodyRoute
-from service.routers.one_shot import OneShotDep
+from service.json_body import JSONBodyRoute, with_fast_path
+from service.routers.one_shot import OneShot, OneShotDep, answer, one_shot_call, read_plain_body
 from service.runtime.pipeline import run_whole
 from service.schemas import ClassifyRequest, ClassifyResponse
 
 router = APIRouter(tags=["classify"], route_class=JSONBodyRoute)
+
+
+async def classification_of(call: OneShot, name: str | None, text: str) -> dict[str, Any]:
+    """The fields of :class:`ClassifyResponse` for ``text``."""
+    check_text(text, call.settings, document=True)  # the input first: a 422 says what to change
+    model = call.model(name, "classify")
+    _, finished = await run_whole(model, text)
+    return {"model": model.ref, **finished.result}
+
+
+async def classify_fast(request: Request) -> Response | None:
+    """The route's fast path (service/routers/one_shot.py): plain text answered; None for any other body."""
+    body = await read_plain_body(request, "text")
+    if body is None or type(body["text"]) is not str:
+        return None
+    return answer(ClassifyResponse, await classification_of(one_shot_call(request), body.get("model"), body["text"]))
 
 
 @router.post(
@@ -20,8 +38,6 @@ router = APIRouter(tags=["classify"], route_class=JSONBodyRoute)
     "segment, and answers the label of the last segment's memory. The same answer as streaming the document "
     "through a classify session and finishing it.",
 )
+@with_fast_path(classify_fast)
 async def classify(body: ClassifyRequest, call: OneShotDep) -> ClassifyResponse:
-    check_text(body.text, call.settings, document=True)  # the input first: a 422 says what to change
-    model = call.model(body.model, "classify")
-    _, finished = await run_whole(model, body.text)
-    return ClassifyResponse(model=model.ref, **finished.result)
+    return ClassifyResponse(**await classification_of(call, body.model, body.text))

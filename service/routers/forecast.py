@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
 
 from service.errors import BODY, check_rows, responses
-from service.json_body import JSONBodyRoute
-from service.routers.one_shot import OneShotDep
+from service.json_body import JSONBodyRoute, with_fast_path
+from service.routers.one_shot import OneShot, OneShotDep, answer, one_shot_call, read_plain_body
 from service.runtime.pipeline import run_whole
-from service.schemas import ForecastRequest, ForecastResponse
+from service.schemas import ForecastRequest, ForecastResponse, plain_rows
 
 router = APIRouter(tags=["forecast"], route_class=JSONBodyRoute)
+
+
+async def forecast_of(call: OneShot, name: str | None, rows: list[list[float]]) -> dict[str, Any]:
+    """The fields of :class:`ForecastResponse` for ``rows`` (validated as :class:`ForecastRequest` does)."""
+    model = call.model(name, "forecast")
+    check_rows(rows, call.settings)
+    _, finished = await run_whole(model, rows)
+    return {"model": model.ref, **finished.result}
+
+
+async def forecast_fast(request: Request) -> Response | None:
+    """The route's fast path (service/routers/one_shot.py): plain rows answered; None for any other body."""
+    body = await read_plain_body(request, "rows")
+    if body is None or type(body["rows"]) is not list or not body["rows"]:
+        return None
+    rows = plain_rows(body["rows"])
+    if rows is None:
+        return None
+    return answer(ForecastResponse, await forecast_of(one_shot_call(request), body.get("model"), rows))
 
 
 @router.post(
@@ -20,8 +41,6 @@ router = APIRouter(tags=["forecast"], route_class=JSONBodyRoute)
     "a forecast; with fewer, `forecast` is null and `rows_needed` says how many more. Rows of the wrong width or "
     "holding NaN are refused (422).",
 )
+@with_fast_path(forecast_fast)
 async def forecast(body: ForecastRequest, call: OneShotDep) -> ForecastResponse:
-    model = call.model(body.model, "forecast")
-    check_rows(body.rows, call.settings)
-    _, finished = await run_whole(model, body.rows)
-    return ForecastResponse(model=model.ref, **finished.result)
+    return ForecastResponse(**await forecast_of(call, body.model, body.rows))
