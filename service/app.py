@@ -52,7 +52,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     store = StateStore.from_url(redis_url, settings.redis_key_prefix, settings.redis_timeout_seconds,
                                 settings.redis_max_connections, settings.redis_pool_timeout_seconds,
                                 cluster=settings.redis_cluster)
-    store.loop_lag = loop_lag = LoopLag(observe=metrics.loop_lag.observe)
+    store.loop_lag = loop_lag = LoopLag(observe=metrics.loop_lag.labels(loop="http").observe)
     loop_lag.start()
     engine = EngineClient(settings.engine_socket) if settings.engine_socket else None
     if engine is not None:  # a front end: the engine process loads and runs the graphs

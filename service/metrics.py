@@ -342,9 +342,10 @@ class ServiceMetrics:
         )
         self.loop_lag = Histogram(
             "rtserve_event_loop_lag_seconds",
-            "How late the event loop ran a timer due every 25 ms: the time a ready callback (a request's next step, a "
-            "Redis reply) waits behind the others. Summed over the front ends with several workers.",
-            buckets=LATENCY_BUCKETS, registry=r,
+            "How late an event loop ran a timer due every 25 ms: the time a ready callback (a request's next step, a "
+            "Redis reply, a step sent to the engine) waits behind the others. `loop`: http (the process answering "
+            "HTTP; with several workers, every front end's, summed) or engine (the engine process's).",
+            ["loop"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.gpu = GpuCollector() if collect_gpu else None
         if self.gpu is not None and self.gpu.available:

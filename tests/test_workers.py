@@ -179,6 +179,12 @@ def test_two_workers_share_sessions_and_metrics_and_stop_together(forecast_repos
         batch_files = {int(path.stem.rpartition("_")[2]) for path in metrics_dir.glob("histogram_*.db")
                        if _per_worker_histogram(path, "rtserve_batch_size_count")}
         assert batch_files == {engines[0].pid}, batch_files
+        # the event loops' lag: every front end's and the engine's, each loop's timer ticking (40 a second)
+        lag_files = {int(path.stem.rpartition("_")[2]) for path in metrics_dir.glob("histogram_*.db")
+                     if _per_worker_histogram(path, "rtserve_event_loop_lag_seconds_count")}
+        assert lag_files == {engines[0].pid, *(w.pid for w in workers)}, lag_files
+        assert _sample(metrics, "rtserve_event_loop_lag_seconds_count", loop="engine") > 10
+        assert _sample(metrics, "rtserve_event_loop_lag_seconds_count", loop="http") > 20
     finally:
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=60)

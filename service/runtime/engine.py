@@ -332,6 +332,7 @@ async def serve_engine(socket_path: Path) -> None:
     """Load every model (graphs and batchers), serve them on ``socket_path`` until SIGTERM."""
     import signal
 
+    from service.loop_lag import LoopLag
     from service.metrics import ServiceMetrics
     from service.runtime.registry import ModelRegistry
     from service.settings import Settings
@@ -343,11 +344,14 @@ async def serve_engine(socket_path: Path) -> None:
     await registry.load_all()
     server = await engine.serve(socket_path)  # the socket appears once every model is loaded
     log.info("engine serving %d models on %s", len(registry.models), socket_path)
+    loop_lag = LoopLag(observe=metrics.loop_lag.labels(loop="engine").observe)  # the one loop every front end feeds
+    loop_lag.start()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
         await stop.wait()
     finally:
+        loop_lag.stop()
         server.close()
         await registry.close()
         metrics.energy.close()
