@@ -1,12 +1,13 @@
-"""A lone forecast piece through the engine process: the engine's CPU, the front end's CPU and the wall time per piece.
+"""Forecast pieces through the engine process: the engine's CPU, the front end's CPU and the wall time per piece.
 
-    .venv/bin/python benchmarks/engine_hop.py [--model rsa-etth1-h24] [--pieces 1000] [--repeats 5]
+    .venv/bin/python benchmarks/engine_hop.py [--model rsa-etth1-h24] [--pieces 1000] [--repeats 5] [--sessions 1]
 
 Method: the engine process is the service's (``python -m service.runtime.engine``, as ``RTSERVE_WORKERS`` above 1
 starts it) over a repository holding only ``--model`` (a folder of links to the model repository's entry). This
 process is the front end: the service's registry with its engine client, whose forecast pipeline sends each step to
-the engine. Pieces of 24 ETTh1-like rows are consumed one after another on one session's state, so every step is
-the engine's only call in flight. Per repeat, the engine process's and this process's CPU (the kernel's
+the engine. Pieces of 24 ETTh1-like rows are consumed one after another on each of ``--sessions`` states: with one,
+every step is the engine's only call in flight; with more, that many are in flight at once and share the engine's
+batches. Per repeat, the engine process's and this process's CPU (the kernel's
 per-process clocks) and the wall time are read around ``--pieces`` pieces; printed: the medians per piece.
 """
 
@@ -52,23 +53,27 @@ async def measure(options: argparse.Namespace) -> dict[str, float]:
         await front.load_all()
         model = front.resolve(None, "forecast")
         rows = (np.random.default_rng(0).standard_normal((24, model.pipeline.row_width)) * 3 + 10).tolist()
-        state = model.new_state()
-        for _ in range(200):  # warm-up
-            await model.consume(state, rows)
+        states = [model.new_state() for _ in range(options.sessions)]
+        per_session = max(1, options.pieces // options.sessions)
+
+        async def session(state: dict[str, np.ndarray], pieces: int) -> None:
+            for _ in range(pieces):
+                await model.consume(state, rows)
+
+        await asyncio.gather(*(session(state, 200 // options.sessions + 1) for state in states))  # warm-up
         engine_process, front_end = psutil.Process(engine.pid), psutil.Process()
         runs: list[tuple[float, float, float]] = []
         for _ in range(options.repeats):
             engine_cpu, front_cpu = sum(engine_process.cpu_times()[:2]), sum(front_end.cpu_times()[:2])
             started = time.perf_counter()
-            for _ in range(options.pieces):
-                await model.consume(state, rows)
+            await asyncio.gather(*(session(state, per_session) for state in states))
             runs.append((sum(engine_process.cpu_times()[:2]) - engine_cpu, sum(front_end.cpu_times()[:2]) - front_cpu,
                          time.perf_counter() - started))
     finally:
         await client.close()
         engine.terminate()
         engine.wait(timeout=30)
-    per_piece = [[1e6 * value / options.pieces for value in run] for run in runs]
+    per_piece = [[1e6 * value / (per_session * options.sessions) for value in run] for run in runs]
     return {name: statistics.median(run[i] for run in per_piece)
             for i, name in enumerate(("engine_cpu_us", "front_end_cpu_us", "wall_us"))}
 
@@ -79,10 +84,12 @@ def main() -> None:
     parser.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     parser.add_argument("--pieces", type=int, default=1000, help="pieces per repeat")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sessions", type=int, default=1, help="states consumed at once (calls in flight)")
     options = parser.parse_args()
     result = asyncio.run(measure(options))
-    print(f"per piece (medians of {options.repeats} x {options.pieces}): engine {result['engine_cpu_us']:.0f} µs of "
-          f"CPU, front end {result['front_end_cpu_us']:.0f} µs of CPU, wall {result['wall_us']:.0f} µs")
+    print(f"{options.sessions} session(s), per piece (medians of {options.repeats} x {options.pieces}): "
+          f"engine {result['engine_cpu_us']:.0f} µs of CPU, front end {result['front_end_cpu_us']:.0f} µs of CPU, "
+          f"wall {result['wall_us']:.0f} µs")
 
 
 if __name__ == "__main__":
