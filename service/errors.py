@@ -154,14 +154,12 @@ def error_answer(error: Exception, scope: Scope) -> tuple[int, dict[str, Any], d
         body["expected_seq"] = error.expected
     elif isinstance(error, SessionLimit) and error.retry_after is not None:
         headers = {"Retry-After": str(error.retry_after)}
-    elif isinstance(error, ServiceOverloaded):
-        body["detail"] = f"{error}. The outcome of this request is unknown: " + retry_advice(scope)
-        headers = {"Retry-After": "1"}
     elif isinstance(error, StateStoreUnavailable):
         # A command may have reached Redis before the connection broke: the outcome is unknown, never
-        # "nothing was changed". What a retry does is the route's (retry_advice).
-        body["detail"] = f"session store unavailable: {error}. The outcome of this request is unknown: " + \
-            retry_advice(scope)
+        # "nothing was changed". What a retry does is the route's (retry_advice). An overloaded replica says so
+        # itself; it is not the store that failed.
+        cause = str(error) if isinstance(error, ServiceOverloaded) else f"session store unavailable: {error}"
+        body["detail"] = f"{cause}. The outcome of this request is unknown: " + retry_advice(scope)
         headers = {"Retry-After": "1"}
     elif status == 500:
         body["detail"] = f"internal error ({type(error).__name__}); quote the request id when reporting it"

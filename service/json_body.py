@@ -19,6 +19,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
@@ -44,6 +45,17 @@ class JSONBodyRequest(Request):
 
 
 FastPath = Callable[[Request], Awaitable[Response | None]]
+
+
+async def fast_json(request: Request) -> Any:
+    """A fast path's read of the body: what orjson reads of a body declared ``application/json``; None for any
+    other body, or one orjson refuses (the endpoint's parser then reads it and names what is wrong)."""
+    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+        return None
+    try:
+        return orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        return None
 
 
 def with_fast_path(fast: FastPath) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

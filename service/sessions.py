@@ -85,35 +85,41 @@ from service.settings import Settings
 from service.state_store import StateStore
 from service.tensor_codec import decode_tensors, encode_tensors
 
-QUOTA_SCRIPT = """
--- KEYS: the quota index; ARGV: now, limit, session id, idle expiry
--- Counts the members not yet idle-expired; when limit or more, returns {-1, the earliest idle expiry among them}
--- and writes nothing. Otherwise adds the session, drops the expired members and returns {the count}. The add is
--- the first write: Redis checks maxmemory at a script's first write only, so a full Redis refuses the script before
--- it writes anything (a prune first would let the later writes through).
-local count = redis.call('ZCOUNT', KEYS[1], '(' .. ARGV[1], '+inf')
-if count >= tonumber(ARGV[2]) then
-  return {-1, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]}
+# The quota's reservation, shared by QUOTA_SCRIPT and CREATE_SCRIPT (ARGV: now, limit, session id, idle expiry).
+# It counts the members not yet idle-expired; when limit or more, it returns -1 and the earliest idle expiry among
+# them, having written nothing. Otherwise it adds the session, drops the expired members and returns the count.
+# The add is the first write: Redis checks maxmemory at a script's first write only, so a full Redis refuses the
+# script before it writes anything (a prune first would let the later writes through).
+RESERVE_LUA = """
+local function reserve(quota)
+  local count = redis.call('ZCOUNT', quota, '(' .. ARGV[1], '+inf')
+  if count >= tonumber(ARGV[2]) then
+    return -1, redis.call('ZRANGEBYSCORE', quota, '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
+  end
+  redis.call('ZADD', quota, ARGV[4], ARGV[3])
+  redis.call('ZREMRANGEBYSCORE', quota, '-inf', ARGV[1])
+  return count
 end
-redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+"""
+
+QUOTA_SCRIPT = RESERVE_LUA + """
+-- KEYS: the quota index. Returns {the count of live members before}, or {-1, the earliest idle expiry} when full.
+local count, earliest = reserve(KEYS[1])
+if count < 0 then return {-1, earliest} end
 return {count}
 """
 
-CREATE_SCRIPT = """
+CREATE_SCRIPT = RESERVE_LUA + """
 -- KEYS: meta, state, and on one server the quota and live indexes; ARGV: now, limit, session id, idle expiry,
 -- ttl, state, then the meta hash as field, value pairs.
--- With the indexes: QUOTA_SCRIPT's reservation first (a full quota returns {-1, its earliest idle expiry} and
--- writes nothing), then the session, then its live-index entry (pruning idle-expired ones).
+-- With the indexes: the reservation first (a full quota returns {-1, its earliest idle expiry} and writes
+-- nothing), then the session, then its live-index entry (pruning idle-expired ones).
 -- Returns {the quota's count before} ({0} without the indexes).
 local count = 0
 if #KEYS == 4 then
-  count = redis.call('ZCOUNT', KEYS[3], '(' .. ARGV[1], '+inf')
-  if count >= tonumber(ARGV[2]) then
-    return {-1, redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]}
-  end
-  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
+  local earliest
+  count, earliest = reserve(KEYS[3])
+  if count < 0 then return {-1, earliest} end
 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 redis.call('EXPIRE', KEYS[1], ARGV[5])

@@ -1,11 +1,26 @@
+import os
+import signal
 import uuid
-from contextlib import AsyncExitStack
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
 
 import numpy as np
 import pytest
 
+from service.embedded_redis import EmbeddedRedis
 from service.state_store import StateStore, StateStoreUnavailable
 from service.tensor_codec import decode_tensors, encode_tensors
+
+
+@contextmanager
+def answering_nothing(redis: EmbeddedRedis) -> Iterator[None]:
+    """A Redis that keeps its sockets open but answers nothing (SIGSTOP), until the block ends."""
+    assert redis.pid is not None
+    os.kill(redis.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(redis.pid, signal.SIGCONT)
 
 
 def _random_state(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -79,25 +94,17 @@ async def test_a_redis_that_stops_answering_is_cut_off_at_the_deadline_and_the_n
     """A Redis that keeps its sockets open but answers nothing (SIGSTOP): the operation fails within its deadline
     with an error that says so; its connection, cancelled mid-reply, is never reused once Redis answers again."""
     import asyncio
-    import os
-    import signal
     import time
-
-    from service.embedded_redis import EmbeddedRedis
 
     with EmbeddedRedis(tmp_path) as redis:
         store = StateStore.from_url(redis.url, timeout_seconds=0.3)
         await store.client.set("k", b"before")
-        assert redis.pid is not None
-        os.kill(redis.pid, signal.SIGSTOP)
-        try:
+        with answering_nothing(redis):
             started = time.monotonic()
             with pytest.raises(StateStoreUnavailable, match=r"did not answer within 0\.3 s"):
                 async with store.operation():
                     await store.client.get("k")
             assert time.monotonic() - started < 1.0
-        finally:
-            os.kill(redis.pid, signal.SIGCONT)
         await asyncio.sleep(0.05)
         async with store.operation():
             await store.client.set("k", b"after")
@@ -179,11 +186,8 @@ async def test_an_operation_cut_off_while_the_loop_ran_far_behind_says_the_repli
     lengthens a deadline at most twice over), as overloaded, not as Redis's silence; the same store with the loop
     idle says Redis did not answer, within its deadline."""
     import asyncio
-    import os
-    import signal
     import time
 
-    from service.embedded_redis import EmbeddedRedis
     from service.errors import error_answer
     from service.loop_lag import LoopLag
     from service.state_store import ServiceOverloaded
@@ -193,9 +197,7 @@ async def test_an_operation_cut_off_while_the_loop_ran_far_behind_says_the_repli
         store.loop_lag = LoopLag()
         store.loop_lag.start()
         await store.client.ping()
-        assert redis.pid is not None
-        os.kill(redis.pid, signal.SIGSTOP)
-        try:
+        with answering_nothing(redis):
             asyncio.get_running_loop().call_soon(time.sleep, 0.4)
             with pytest.raises(ServiceOverloaded, match=r"overloaded: its event loop ran 0\.\d+ s behind") as raised:
                 async with store.operation():
@@ -205,8 +207,6 @@ async def test_an_operation_cut_off_while_the_loop_ran_far_behind_says_the_repli
                 async with store.operation():
                     await store.client.get("k")
             assert time.monotonic() - started < 0.5
-        finally:
-            os.kill(redis.pid, signal.SIGCONT)
         store.loop_lag.stop()
         await store.close()
     status, body, headers = error_answer(raised.value, {"method": "POST", "path": "/sessions", "type": "http"})

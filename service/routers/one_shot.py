@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from service.auth import OwnerDep, owner_of_request
 from service.dependencies import MetricsDep, RegistryDep, SettingsDep
+from service.json_body import fast_json
 from service.metrics import ServiceMetrics
 from service.runtime.registry import LoadedModel, ModelRegistry
 from service.settings import Settings
@@ -52,12 +53,7 @@ def one_shot_call(request: Request) -> OneShot:
 
 async def read_plain_body(request: Request, field: str) -> dict[str, Any] | None:
     """A JSON object holding ``field`` and at most a string ``model`` besides; None for any other body."""
-    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
-        return None
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError:
-        return None
+    body = await fast_json(request)
     if type(body) is not dict or field not in body or len(body) > 2:
         return None
     if len(body) == 2 and type(body.get("model")) is not str:

@@ -14,7 +14,7 @@ from sse_starlette import EventSourceResponse
 from service.auth import OwnerDep, QuotaDep, owner_of_request
 from service.dependencies import FlowDep, MetricsDep, RegistryDep
 from service.errors import BODY, check_rows, check_text, responses
-from service.json_body import JSONBodyRoute, with_fast_path
+from service.json_body import JSONBodyRoute, fast_json, with_fast_path
 from service.runtime.pipeline import InputError
 from service.schemas import (
     FinishRequest,
@@ -120,12 +120,7 @@ async def apply_piece(request: Request, flow: SessionFlow, session_id: str, owne
 async def read_plain_piece(request: Request) -> tuple[int, str | None, list[list[float]] | None] | None:
     """``(seq, text, rows)`` of a JSON body of the plain types (:func:`service.schemas.plain_piece`); None for any
     other body, which the endpoint then validates."""
-    if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
-        return None
-    try:
-        return plain_piece(orjson.loads(await request.body()))
-    except orjson.JSONDecodeError:
-        return None
+    return plain_piece(await fast_json(request))
 
 
 async def answer_piece(request: Request, piece: tuple[int, str | None, list[list[float]] | None]) -> Response:
