@@ -1,7 +1,7 @@
 """The ``rtserve`` command: serve, train, eval, judgement, export, bench, and the client verbs classify, summarize,
 forecast, session (calls to a running service through :mod:`rtserve.client`).
 
-Training and evaluation live with each family's recipe (its record in :mod:`rtserve.families`); this
+Training and evaluation live with each family's recipe (its record in :mod:`models.families`); this
 module only dispatches, importing the heavy modules when they are asked for.
 """
 
@@ -18,14 +18,14 @@ from typing import Any
 
 
 def _trainable() -> list[str]:
-    from rtserve.families import families
+    from models.families import families
 
     return [record.name for record in families() if record.recipe is not None]
 
 
 def _recipe(name: str) -> Any:
     """The family's recipe module: ``train_main(argv)`` and ``eval_main(argv)``."""
-    from rtserve.families import UnknownFamily, family
+    from models.families import UnknownFamily, family
 
     try:
         record = family(name)

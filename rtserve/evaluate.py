@@ -3,7 +3,7 @@
 Each example goes through the same pipeline, batcher and backend the service
 uses (``run_whole``), many at a time so the batcher stacks them; the metrics
 are the training recipes' own, so the figures sit beside the checkpoint's.
-The scorer is the ``evaluate`` part of the entry's family (:mod:`rtserve.families`).
+The scorer is the ``evaluate`` part of the entry's family (:mod:`models.families`).
 Prints one JSON object.
 """
 

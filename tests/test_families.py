@@ -13,29 +13,42 @@ from pathlib import Path
 
 import pytest
 
-from rtserve.families import TASKS, Family, UnknownFamily, families, family, load_part, refresh
-from rtserve.families.builtin import BUILT_IN, CLASSIFY
+from models.families import TASKS, Family, UnknownFamily, families, family, load_part, refresh
+from models.families import BUILT_IN, CLASSIFY
 from service.metrics import ServiceMetrics
 from service.runtime.registry import ModelRegistry
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("adapter", "pipeline", "finish", "recipe", "evaluate", "config", "model")
 
 
 @pytest.mark.parametrize("record", BUILT_IN, ids=[record.name for record in BUILT_IN])
-def test_every_part_of_a_built_in_family_imports(record):
-    for part in PARTS:
-        if getattr(record, part) is not None:
-            assert record.part(part) is not None, part
-    assert record.part("pipeline").task == record.task
-    assert callable(record.part("recipe").train_main) and callable(record.part("recipe").eval_main)
+def test_every_part_of_a_built_in_family_is_what_its_field_says(record):
+    import dataclasses
+    import inspect
+
+    import torch
+    from pydantic import BaseModel
+
+    assert callable(record.part("adapter")) and inspect.signature(record.part("adapter")).parameters
+    pipeline = record.part("pipeline")
+    assert inspect.isclass(pipeline) and pipeline.task == record.task
+    assert pipeline.input_kind in ("text", "rows")
+    assert issubclass(record.part("finish"), BaseModel) and "session" in record.part("finish").model_fields
+    recipe = record.part("recipe")
+    assert callable(recipe.train_main) and callable(recipe.eval_main)
+    assert inspect.iscoroutinefunction(record.part("evaluate"))
+    assert callable(record.part("reader"))
+    if record.config is not None:
+        assert dataclasses.is_dataclass(record.part("config"))
+        assert issubclass(record.part("model"), torch.nn.Module)
 
 
 def test_reading_the_registry_imports_no_model_or_service_code():
-    script = ("import sys; from rtserve.families import families; names = [f.name for f in families()]; "
-              "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'models', 'service', "
-              "'export', 'onnxruntime'}), names)")
+    script = ("import sys; from models.families import families; names = [f.name for f in families()]; "
+              "print(sorted(({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'service', 'export', "
+              "'onnxruntime', 'rtserve'}) | ({m for m in sys.modules if m.startswith('models.')} - "
+              "{'models.families'})), names)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     heavy, names = done.stdout.strip().split("] ")
@@ -79,8 +92,8 @@ def site(tmp_path, monkeypatch):
 
 
 RECORD = """
-from rtserve.families import Family
-from rtserve.families.builtin import CLASSIFY
+from models.families import Family
+from models.families import CLASSIFY
 
 FAMILY = Family("fake-classifier", adapter="fake_family_adapter:servable", **CLASSIFY)
 WRONG_NAME = Family("other-name", adapter="fake_family_adapter:servable", **CLASSIFY)
@@ -116,7 +129,7 @@ def test_a_broken_entry_point_is_named_and_hides_no_other_family(site):
         family("fake-missing")
     with pytest.raises(UnknownFamily, match="names family 'other-name'"):
         family("other")
-    with pytest.raises(UnknownFamily, match="is a dict, not an rtserve.families.Family"):
+    with pytest.raises(UnknownFamily, match="is a dict, not a models.families.Family"):
         family("plain")
 
 

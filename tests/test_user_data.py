@@ -214,7 +214,7 @@ def test_a_classifier_from_jsonl_is_exported_and_served_with_the_users_labels(tm
 
 def test_every_built_in_family_names_the_reader_of_its_task():
     from models.data import files
-    from rtserve.families.builtin import BUILT_IN
+    from models.families import BUILT_IN
 
     readers = {"classify": files.read_labelled_texts, "summarize": files.read_text_pairs,
                "forecast": files.read_series}

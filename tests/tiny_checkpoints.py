@@ -17,7 +17,7 @@ VARIABLES = ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
 
 
 def tiny_forecaster(folder: Path, family: str = "rsa", lookback: int = 32, horizon: int = 8, seed: int = 0) -> Path:
-    from rtserve.families import family as family_record
+    from models.families import family as family_record
 
     torch.manual_seed(seed)
     record = family_record(family)

@@ -1,6 +1,6 @@
 """The user's own data files: JSON Lines of labelled texts or of source/summary pairs, and CSV series.
 
-These are the readers a family's record names (``reader`` in :mod:`rtserve.families`) for
+These are the readers a family's record names (``reader`` in :mod:`models.families`) for
 ``rtserve train <family> --train FILE --dev FILE`` and ``rtserve eval ... --data FILE``:
 
 - classify: JSON Lines, one object a line, with a text field and a label field (``"text"`` and

@@ -13,7 +13,7 @@ from models.checkpoint import Checkpoint
 from models.forecast_stream import ForecastStream
 from models.serving.servable import Graph, Servable
 from models.tensor_spec import TensorSpec
-from rtserve.families import family
+from models.families import family
 
 
 def columns_and_targets(checkpoint: Checkpoint) -> tuple[list[str], list[str]]:

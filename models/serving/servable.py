@@ -7,7 +7,7 @@ tensors are plain inputs and outputs, so sessions can be stacked into one
 batch and stored between steps. Graph inputs named in ``state_outputs`` are
 state: the step returns their next value under the mapped output name.
 
-``build_servable(folder)`` calls the adapter of the checkpoint's family (its record in :mod:`rtserve.families`).
+``build_servable(folder)`` calls the adapter of the checkpoint's family (its record in :mod:`models.families`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from models.checkpoint import load_checkpoint
 from models.segment import TensorSpec
-from rtserve.families import family
+from models.families import family
 
 
 @dataclass

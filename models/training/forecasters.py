@@ -42,7 +42,7 @@ from models.rtransformer import RTransformerConfig
 from models.serving.forecasters import columns_and_targets, load_stream
 from models.training.common import hardware, seed_everything
 from models.vanilla import VanillaConfig
-from rtserve.families import families, family
+from models.families import families, family
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ETT-small" / "ETTh1.csv"
 

@@ -58,7 +58,7 @@ from models.rmt import RMT, RMTConfig, cross_entropy, load_rmt, rmt_from_minilm,
 from models.rmt_stream import batch_segments, classify_documents, torch_segments
 from models.text_stream import SegmentCutter
 from models.training.common import hardware, recipe_record, seed_everything
-from rtserve.families import family
+from models.families import family
 
 if TYPE_CHECKING:
     from sklearn.feature_extraction.text import TfidfVectorizer

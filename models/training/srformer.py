@@ -51,7 +51,7 @@ from models.srformer import (
     warm_start_from_minilm,
 )
 from models.training.common import hardware, recipe_record, seed_everything
-from rtserve.families import family
+from models.families import family
 
 CACHE_ROOT = Path("cache")
 Corpus = ModuleType | PairsFile  # a corpus module (models.data.bbc, models.data.sumpubmed) or a user's file

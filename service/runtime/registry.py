@@ -5,7 +5,7 @@ model gets a backend per graph (ONNX Runtime, TorchScript or eager PyTorch,
 on a device and in a precision, each per model from the settings), a
 continuous batcher per graph (a decode loop for autoregressive decode graphs;
 its largest batch per model and device), and the pipeline its family names
-(:mod:`rtserve.families`). A
+(:mod:`models.families`). A
 device or precision the host or backend cannot give fails startup
 (:class:`DeviceConfigError`); any other broken entry is only reported.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rtserve.families import Family, family
+from models.families import Family, family
 from service.metrics import ServiceMetrics
 from service.runtime.backends import load_backends
 from service.runtime.batcher import DynamicBatcher

@@ -7,8 +7,8 @@ step graph keeps that pipeline's contract: ``memory``, ``input_ids``, ``attentio
 RMT, and a document streamed in pieces equals the document posted whole.
 """
 
-from rtserve.families import Family
-from rtserve.families.builtin import CLASSIFY
+from models.families import Family
+from models.families import CLASSIFY
 
 FAMILY = Family(
     name="gru-classifier",

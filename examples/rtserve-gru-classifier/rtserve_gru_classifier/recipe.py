@@ -25,7 +25,7 @@ from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.files import check_labels, label_set
 from models.minilm import load_minilm_tokenizer
 from models.text_stream import SegmentCutter
-from rtserve.families import family
+from models.families import family
 from rtserve_gru_classifier.model import GRUClassifier, GRUConfig
 
 

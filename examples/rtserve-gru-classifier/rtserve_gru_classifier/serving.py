@@ -11,7 +11,7 @@ from models.segment import TensorSpec
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
 from models.text_stream import PENDING_BYTES, SegmentCutter
-from rtserve.families import family
+from models.families import family
 
 
 class Step(nn.Module):

@@ -4,13 +4,14 @@ A family is everything rtserve knows about one kind of model: the task it serves
 trained and scored (its recipe), how a user's data files are read (its reader), how export cuts a
 checkpoint into step graphs (its adapter), how the service runs those graphs (its pipeline), what a
 finished session answers, and how an exported entry is scored. The command, export and the service all
-look here, as LitServe's server looks at one ``LitAPI``.
+look here, as LitServe's server looks at one ``LitAPI``. This module is the bottom of the import graph: it
+imports nothing of rtserve, and every layer (models, export, the service, the command) may import it.
 
 The parts are named by import path (``"package.module:attribute"``) and imported on first use, so reading
 the registry imports nothing heavy: the service on the ONNX path imports a pipeline and never torch,
 export imports an adapter and never a training recipe (docs/architecture.md, "Layers").
 
-The built-in families are in :mod:`rtserve.families.builtin`. A family written outside the repository
+The built-in families are at the end of this module. A family written outside the repository
 joins through the ``rtserve.families`` entry-point group of its own package; the entry point's name is
 the family's name::
 
@@ -93,11 +94,51 @@ class Family:
         return model_class(config)
 
 
+# ---- the built-in families -------------------------------------------------------------------------
+# RMT (classify), SRformer (summarize), and the forecasters RSA, R-Transformer, the vanilla Transformer and the
+# ridge baseline (forecast). What serves a task (its pipeline, the finish answer, the scorer of an exported entry,
+# the reader of a user's data files) is shared by the families of that task; CLASSIFY, SUMMARIZE and FORECAST name
+# those parts, for the records below and for families written elsewhere that reuse them.
+CLASSIFY = {
+    "task": "classify",
+    "reader": "models.data.files:read_labelled_texts",
+    "pipeline": "service.runtime.classify:ClassifyPipeline",
+    "finish": "service.schemas:ClassifyFinish",
+    "evaluate": "rtserve.evaluate:score_classifier",
+}
+SUMMARIZE = {
+    "task": "summarize",
+    "reader": "models.data.files:read_text_pairs",
+    "pipeline": "service.runtime.summarize:SummarizePipeline",
+    "finish": "service.schemas:SummarizeFinish",
+    "evaluate": "rtserve.evaluate:score_summarizer",
+}
+FORECAST = {
+    "task": "forecast",
+    "reader": "models.data.files:read_series",
+    "pipeline": "service.runtime.forecast:ForecastPipeline",
+    "finish": "service.schemas:ForecastFinish",
+    "evaluate": "rtserve.evaluate:score_forecaster",
+}
+_FORECASTER = {**FORECAST, "adapter": "models.serving.forecasters:forecast_servable",
+               "recipe": "models.training.forecasters"}
+
+BUILT_IN = (
+    Family("rsa", config="models.rsa:RSAConfig", model="models.rsa:RSAForecaster", **_FORECASTER),
+    Family("rtransformer", config="models.rtransformer:RTransformerConfig",
+           model="models.rtransformer:RTransformerForecaster", **_FORECASTER),
+    Family("vanilla", config="models.vanilla:VanillaConfig", model="models.vanilla:VanillaForecaster", **_FORECASTER),
+    Family("linear", config="models.forecast_stream:LinearConfig", model="models.forecast_stream:LinearForecaster",
+           **_FORECASTER),
+    Family("rmt", adapter="models.serving.rmt:rmt_servable", recipe="models.training.rmt", **CLASSIFY),
+    Family("srformer", adapter="models.serving.srformer:srformer_servable", recipe="models.training.srformer",
+           **SUMMARIZE),
+)
+
+
 @functools.cache
 def _registry() -> tuple[dict[str, Family], dict[str, str]]:
     """``({name: record}, {name: why it could not be loaded})``: the built-in records, then the installed ones."""
-    from rtserve.families.builtin import BUILT_IN
-
     records = {record.name: record for record in BUILT_IN}
     broken: dict[str, str] = {}
     for point in entry_points(group=ENTRY_POINT_GROUP):
@@ -111,7 +152,7 @@ def _registry() -> tuple[dict[str, Family], dict[str, str]]:
             broken[point.name] = f"{where} cannot be loaded: {type(error).__name__}: {error}"
             continue
         if not isinstance(record, Family):
-            broken[point.name] = f"{where} is a {type(record).__name__}, not an rtserve.families.Family"
+            broken[point.name] = f"{where} is a {type(record).__name__}, not a models.families.Family"
         elif record.name != point.name:
             broken[point.name] = f"{where} names family {record.name!r}: name the entry point after its family"
         else:
