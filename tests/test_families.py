@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from models.families import TASKS, Family, UnknownFamily, families, family, load_part, refresh
-from models.families import BUILT_IN, CLASSIFY
+from models.families import BUILT_IN, CLASSIFY, TASKS, Family, UnknownFamily, families, family, load_part, refresh
 from service.metrics import ServiceMetrics
 from service.runtime.registry import ModelRegistry
 from service.settings import Settings

@@ -10,10 +10,10 @@ import torch
 import torch.nn as nn
 
 from models.checkpoint import Checkpoint
+from models.families import family
 from models.forecast_stream import ForecastStream
 from models.serving.servable import Graph, Servable
 from models.tensor_spec import TensorSpec
-from models.families import family
 
 
 def columns_and_targets(checkpoint: Checkpoint) -> tuple[list[str], list[str]]:

@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 
 from models.checkpoint import load_checkpoint
-from models.segment import TensorSpec
 from models.families import family
+from models.segment import TensorSpec
 
 
 @dataclass

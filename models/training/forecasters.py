@@ -36,13 +36,13 @@ from tqdm import tqdm
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.ett import Scaler, load_split, windows, windows_to_score
 from models.data.files import SeriesTable
+from models.families import families, family
 from models.forecast_stream import LinearConfig, LinearForecaster
 from models.rsa import RSAConfig
 from models.rtransformer import RTransformerConfig
 from models.serving.forecasters import columns_and_targets, load_stream
 from models.training.common import hardware, seed_everything
 from models.vanilla import VanillaConfig
-from models.families import families, family
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ETT-small" / "ETTh1.csv"
 

@@ -53,12 +53,12 @@ import torch
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.files import LabelledText, check_labels, label_set
 from models.data.hyperpartisan import LABEL_NAMES, Article, load_articles, load_split, metrics
+from models.families import family
 from models.minilm import load_minilm_tokenizer
 from models.rmt import RMT, RMTConfig, cross_entropy, load_rmt, rmt_from_minilm, trained_state_dict
 from models.rmt_stream import batch_segments, classify_documents, torch_segments
 from models.text_stream import SegmentCutter
 from models.training.common import hardware, recipe_record, seed_everything
-from models.families import family
 
 if TYPE_CHECKING:
     from sklearn.feature_extraction.text import TfidfVectorizer

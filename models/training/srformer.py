@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.summarization import PairsFile, corpus_name, corpus_of, rouge_scores
+from models.families import family
 from models.srformer import (
     RECURRENT_NORMS,
     RECURRENT_PARTS,
@@ -51,7 +52,6 @@ from models.srformer import (
     warm_start_from_minilm,
 )
 from models.training.common import hardware, recipe_record, seed_everything
-from models.families import family
 
 CACHE_ROOT = Path("cache")
 Corpus = ModuleType | PairsFile  # a corpus module (models.data.bbc, models.data.sumpubmed) or a user's file

@@ -7,8 +7,7 @@ step graph keeps that pipeline's contract: ``memory``, ``input_ids``, ``attentio
 RMT, and a document streamed in pieces equals the document posted whole.
 """
 
-from models.families import Family
-from models.families import CLASSIFY
+from models.families import CLASSIFY, Family
 
 FAMILY = Family(
     name="gru-classifier",

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.files import check_labels, label_set
+from models.families import family
 from models.minilm import load_minilm_tokenizer
 from models.text_stream import SegmentCutter
-from models.families import family
 from rtserve_gru_classifier.model import GRUClassifier, GRUConfig
 
 

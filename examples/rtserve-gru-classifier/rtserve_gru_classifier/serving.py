@@ -7,11 +7,11 @@ import torch
 import torch.nn as nn
 
 from models.checkpoint import Checkpoint
+from models.families import family
 from models.segment import TensorSpec
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
 from models.text_stream import PENDING_BYTES, SegmentCutter
-from models.families import family
 
 
 class Step(nn.Module):
