@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/engine_hop.py [--model rsa-etth1-h24] [--pieces 1000] [--repeats 5] [--sessions 1]
 
-Method: the engine process is the service's (``python -m service.runtime.engine``, as ``RTSERVE_WORKERS`` above 1
-starts it) over a repository holding only ``--model`` (a folder of links to the model repository's entry). This
+Method: the engine process is the service's (``python -m service.runtime.engine_process``, as ``RTSERVE_WORKERS``
+above 1 starts it) over a repository holding only ``--model`` (a folder of links to the model repository's entry). This
 process is the front end: the service's registry with its engine client, whose forecast pipeline sends each step to
 the engine. Pieces of 24 ETTh1-like rows are consumed one after another on each of ``--sessions`` states: with one,
 every step is the engine's only call in flight; with more, that many are in flight at once and share the engine's
@@ -33,7 +33,7 @@ async def measure(options: argparse.Namespace) -> dict[str, float]:
     import psutil
 
     from service.metrics import ServiceMetrics
-    from service.runtime.engine import EngineClient
+    from service.runtime.engine_client import EngineClient
     from service.runtime.registry import ModelRegistry
     from service.settings import Settings
 
@@ -44,7 +44,8 @@ async def measure(options: argparse.Namespace) -> dict[str, float]:
     env = dict(os.environ, RTSERVE_MODEL_REPOSITORY=str(repository), RTSERVE_METRICS_DIR=str(metrics),
                PROMETHEUS_MULTIPROC_DIR=str(metrics))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    engine = subprocess.Popen([sys.executable, "-m", "service.runtime.engine", str(socket_path)], env=env, cwd=ROOT)
+    engine = subprocess.Popen([sys.executable, "-m", "service.runtime.engine_process", str(socket_path)], env=env,
+                              cwd=ROOT)
     client = EngineClient(socket_path)
     try:
         await client.connect(timeout=300)

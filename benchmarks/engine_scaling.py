@@ -117,7 +117,7 @@ PIECE_COSTS = {"cpu": spend_cpu, "held": hold_loop}
 
 async def front_end_main(socket_path: Path, index: int, sessions: int, piece_ms: float, cost: str, seconds: float,
                          out: Path) -> None:
-    from service.runtime.engine import EngineClient, RemoteGraph
+    from service.runtime.engine_client import EngineClient, RemoteGraph
 
     client = EngineClient(socket_path)
     await client.connect(timeout=60)

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from models.serving.servable import Graph, build_servable
+from service.devices import BACKEND_PRECISIONS, DeviceConfigError
 from service.runtime.backends import BACKENDS, load_backends
-from service.runtime.devices import BACKEND_PRECISIONS, DeviceConfigError
 
 MASKED = -1e29  # log-probabilities at or below are masked entries (NEG = -1e30)
 

@@ -31,8 +31,8 @@ import torch
 from safetensors.torch import save_file
 
 from models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
+from models.onnx_fp16 import to_float16
 from models.segment import TensorSpec
-from models.serving.onnx_fp16 import to_float16
 from models.serving.servable import Graph, Servable, build_servable
 
 log = logging.getLogger(__name__)

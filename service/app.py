@@ -26,7 +26,7 @@ from service.loop_lag import LoopLag
 from service.metrics import ServiceMetrics
 from service.middleware import BodyLimitMiddleware, RequestIdMiddleware, RequestMetricsMiddleware
 from service.routers import classify, docs, forecast, health, models, sessions, summarize
-from service.runtime.engine import EngineClient
+from service.runtime.engine_client import EngineClient
 from service.runtime.registry import ModelRegistry
 from service.schemas import ErrorEvent, TokenEvent
 from service.segment_lane import SegmentLane

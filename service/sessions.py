@@ -288,11 +288,6 @@ class SessionMeta:
         return round(time.time() + self.ttl_seconds, 3)
 
 
-def owner_of(api_key: str | None) -> str:
-    """Sessions are owned by a hash of the API key, never the key itself."""
-    return hashlib.sha256(api_key.encode()).hexdigest()[:32] if api_key else "anonymous"
-
-
 def piece_digest(piece: Any) -> str:
     """What a retry of a piece is recognised by: the sha256 of the piece as orjson writes it (a twelfth of
     the standard library's time for a forecast's rows)."""

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.runtime.devices import check_device, check_precision
+from service.devices import check_device, check_precision
 
 Device = Annotated[str, AfterValidator(check_device)]  # auto, cpu, cuda or cuda:N, lower-cased
 Precision = Annotated[str, AfterValidator(check_precision)]  # fp32, fp16 or bf16, lower-cased

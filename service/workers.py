@@ -109,8 +109,8 @@ class EngineStartError(RuntimeError):
 
 @contextmanager
 def engine_process(socket_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """The engine (``python -m service.runtime.engine``), once its socket is up; stopped (SIGTERM) on exit."""
-    engine = subprocess.Popen([sys.executable, "-m", "service.runtime.engine", str(socket_path)])
+    """The engine (``python -m service.runtime.engine_process``), once its socket is up; stopped (SIGTERM) on exit."""
+    engine = subprocess.Popen([sys.executable, "-m", "service.runtime.engine_process", str(socket_path)])
     try:
         deadline = time.monotonic() + ENGINE_START_SECONDS
         while not socket_path.exists():

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from models.serving.servable import build_servable
-from service.runtime import devices
+from service import devices
 from service.runtime.backends import OnnxBackend, TorchBackend, load_backends
 from tests.service_helpers import make_client
 from tests.test_precision import FAMILIES, TOLERANCE, assert_close

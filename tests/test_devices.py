@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.runtime import devices
-from service.runtime.devices import DeviceConfigError, check_backend_precision, resolve_device
+from service import devices
+from service.devices import DeviceConfigError, check_backend_precision, resolve_device
 from service.settings import Settings
 from tests.service_helpers import make_client
 
@@ -64,7 +64,7 @@ def test_auto_resolves_to_the_cpu_without_a_gpu_and_cpu_is_always_cpu(monkeypatc
 
 
 def test_auto_on_the_onnx_backend_never_imports_torch():
-    code = ("import sys; from service.runtime.devices import resolve_device; "
+    code = ("import sys; from service.devices import resolve_device; "
             "print(resolve_device('auto', 'onnx'), 'torch' in sys.modules)")
     answer = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})

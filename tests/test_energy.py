@@ -11,7 +11,8 @@ import types
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from service.metrics import EnergyMeter, ServiceMetrics
+from service.gpu_metrics import EnergyMeter
+from service.metrics import ServiceMetrics
 
 
 class FakeGpu:

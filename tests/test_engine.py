@@ -10,7 +10,9 @@ import orjson
 import pytest
 
 from service.metrics import ServiceMetrics
-from service.runtime.engine import Engine, EngineClient, EngineUnavailable, error_from, error_header, pack, unpack
+from service.runtime.engine import Engine
+from service.runtime.engine_client import EngineClient
+from service.runtime.engine_wire import EngineUnavailable, error_from, error_header, pack, unpack
 from service.runtime.pipeline import InputError, run_whole
 from service.runtime.registry import ModelRegistry
 from service.settings import Settings

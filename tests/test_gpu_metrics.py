@@ -7,20 +7,37 @@ stand-in NVML module with known readings; the no-GPU path runs for real.
 import sys
 import types
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.metrics import GpuCollector, ServiceMetrics
+from service.gpu_metrics import GpuCollector
+from service.metrics import ServiceMetrics
 
 
-def test_without_a_gpu_the_gpu_families_are_absent():
+def test_without_a_gpu_the_gpu_families_are_absent(monkeypatch):
+    nvml = types.ModuleType("pynvml")
+
+    class NVMLError_DriverNotLoaded(Exception):  # noqa: N801 (NVML's own name)
+        pass
+
+    def no_driver():
+        raise NVMLError_DriverNotLoaded("Driver Not Loaded")
+
+    nvml.nvmlInit = no_driver
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
     metrics = ServiceMetrics()
-    if metrics.gpu is not None and metrics.gpu.available:  # a machine with a GPU: the real path
-        names = {f.name for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
-        assert "rtserve_gpu_power_watts" in names
-        return
+    assert metrics.gpu is not None and not metrics.gpu.available
     text = generate_latest(metrics.registry).decode()
-    assert "rtserve_gpu_" not in text
+    assert "rtserve_gpu_" not in text and "rtserve_energy_joules" not in text
+
+
+def test_on_a_gpu_host_the_gpu_families_are_read_from_nvml():
+    metrics = ServiceMetrics()
+    if metrics.gpu is None or not metrics.gpu.available:
+        pytest.skip("NVML sees no GPU on this machine")
+    names = {f.name for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
+    assert {"rtserve_gpu_power_watts", "rtserve_gpu_memory_used_bytes"} <= names
 
 
 def _fake_nvml(monkeypatch, devices):

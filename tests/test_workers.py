@@ -79,7 +79,7 @@ def _start(tmp_path: Path, repository: Path) -> tuple[subprocess.Popen, str, Pat
 
 def _engines(process: subprocess.Popen) -> list[psutil.Process]:
     return [child for child in psutil.Process(process.pid).children()
-            if "service.runtime.engine" in " ".join(child.cmdline())]
+            if "service.runtime.engine_process" in " ".join(child.cmdline())]
 
 
 def _wait_for_workers(process: subprocess.Popen, count: int, timeout: float = 60) -> list[psutil.Process]:

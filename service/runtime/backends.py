@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from models.serving.onnx_fp16 import to_float16
-from service.runtime.devices import DeviceConfigError, device_index, torch_dtype
+from models.onnx_fp16 import to_float16
+from service.devices import DeviceConfigError, device_index, torch_dtype
 
 BACKENDS = ("onnx", "torchscript", "torch")
 

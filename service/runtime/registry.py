@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from models.families import Family, family
+from service.devices import DeviceConfigError, check_backend_precision, resolve_device
 from service.metrics import ServiceMetrics
 from service.runtime.backends import load_backends
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.batching import ContinuousBatching
 from service.runtime.decode_loop import DecodeLoop
-from service.runtime.devices import DeviceConfigError, check_backend_precision, resolve_device
-from service.runtime.engine import EngineClient, RemoteDecodeLoop, RemoteGraph
+from service.runtime.engine_client import EngineClient, RemoteDecodeLoop, RemoteGraph
 from service.runtime.pipeline import Arrays, Consumed, Finished, Pipeline
 from service.settings import Settings
 
