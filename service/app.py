@@ -24,14 +24,14 @@ from service.embedded_redis import EmbeddedRedis
 from service.errors import install_error_handlers
 from service.loop_lag import LoopLag
 from service.metrics import ServiceMetrics
-from service.middleware import BodyLimitMiddleware, RequestIdMiddleware, RequestMetricsMiddleware
+from service.middleware import BodyLimitMiddleware, RequestScope
 from service.routers import classify, docs, forecast, health, models, sessions, summarize
 from service.runtime.engine_client import EngineClient
 from service.runtime.registry import ModelRegistry
 from service.schemas import ErrorEvent, TokenEvent
-from service.segment_lane import SegmentLane
 from service.session_flow import SessionFlow
 from service.sessions import SessionStore
+from service.sessions.cache import StateCache
 from service.settings import Settings
 from service.shutdown import Shutdown, ShutdownMiddleware
 from service.state_store import StateStore
@@ -62,7 +62,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.store = store
     app.state.registry = registry
     sessions = SessionStore(store, settings, metrics)
-    app.state.flow = SessionFlow(sessions, registry, metrics)
+    app.state.flow = SessionFlow(sessions, registry, metrics, StateCache(settings.state_cache_bytes))
     try:
         await registry.load_all()
         yield
@@ -122,11 +122,8 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Content-Type", "Authorization", "X-API-Key", "X-Request-ID", "Accept"],
                            expose_headers=["X-Request-ID", "Retry-After"])
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics, log_access=settings.access_log)  # sees 413s too
-    app.add_middleware(RequestIdMiddleware)  # every answer and log line carries the id
-    # outermost: a plain session piece passes the stack and the router, with the same id, metrics and shutdown
-    app.add_middleware(SegmentLane, max_bytes=settings.max_body_bytes, shutdown=shutdown, metrics=metrics,
-                       log_access=settings.access_log)
+    # outermost: every answer and log line carries the request id; the metrics see every answer, 413s too
+    app.add_middleware(RequestScope, metrics=metrics, log_access=settings.access_log)
     return app
 
 

@@ -7,6 +7,7 @@ what to change, ``errors`` (validation: each field), ``expected_seq`` (409) and 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
@@ -17,13 +18,17 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
+from service.fast_path import UnsupportedBody
 from service.middleware import route_template
+from service.runtime.engine_wire import EngineUnavailable
 from service.runtime.pipeline import InputError
 from service.runtime.registry import UnknownModel
 from service.schemas import PIECE_KINDS, VISIBLE_CHARACTER, ErrorBody
 from service.sessions import SequenceConflict, SessionFinished, SessionLimit, SessionNotFound
 from service.settings import Settings
 from service.state_store import ServiceOverloaded, StateStoreUnavailable
+
+log = logging.getLogger("rtserve")
 
 _WHY: dict[int, str] = {
     400: "The body is not JSON text the service can read (e.g. not UTF-8).",
@@ -32,6 +37,7 @@ _WHY: dict[int, str] = {
     408: "The request body did not arrive within `RTSERVE_REQUEST_READ_TIMEOUT_SECONDS`.",
     409: "Sequence gap, stale or conflicting piece, or a piece for a finished session; `expected_seq` says what "
          "to send next.",
+    415: "The body is not declared as JSON: send it with `Content-Type: application/json`.",
     413: "Request body larger than `RTSERVE_MAX_BODY_BYTES`: send long inputs through a session.",
     422: "A field is missing or malformed (`errors` lists each), or input the model cannot take (too long, wrong "
          "row width, text for a forecast session, ...).",
@@ -43,7 +49,7 @@ _WHY: dict[int, str] = {
          "Retry after `Retry-After` seconds.",
 }
 
-BODY = (400, 408, 413, 422)  # what any route with a request body can answer
+BODY = (400, 408, 413, 415, 422)  # what any route with a request body can answer
 VISIBLE = re.compile(VISIBLE_CHARACTER)
 
 
@@ -118,10 +124,11 @@ def _summary(errors: list[dict[str, Any]]) -> str:
     return "invalid request: " + "; ".join(parts) + more
 
 
-# what a service error means over HTTP: one table, read by the one handler and by streams already under way
+# what a service error means over HTTP: one table, read by the one handler, by streams already under way and by the
+# session streams' error frames
 STATUS: dict[type[Exception], int] = {
     UnknownModel: 404, SessionNotFound: 404, InputError: 422, SequenceConflict: 409, SessionFinished: 409,
-    SessionLimit: 429, StateStoreUnavailable: 503,
+    SessionLimit: 429, UnsupportedBody: 415, StateStoreUnavailable: 503, EngineUnavailable: 503,
 }
 
 # what retrying a request does, by route, for the answers whose outcome is unknown (503)
@@ -154,11 +161,12 @@ def error_answer(error: Exception, scope: Scope) -> tuple[int, dict[str, Any], d
         body["expected_seq"] = error.expected
     elif isinstance(error, SessionLimit) and error.retry_after is not None:
         headers = {"Retry-After": str(error.retry_after)}
-    elif isinstance(error, StateStoreUnavailable):
+    elif isinstance(error, StateStoreUnavailable | EngineUnavailable):
         # A command may have reached Redis before the connection broke: the outcome is unknown, never
         # "nothing was changed". What a retry does is the route's (retry_advice). An overloaded replica says so
         # itself; it is not the store that failed.
-        cause = str(error) if isinstance(error, ServiceOverloaded) else f"session store unavailable: {error}"
+        cause = (str(error) if isinstance(error, ServiceOverloaded | EngineUnavailable)
+                 else f"session store unavailable: {error}")
         body["detail"] = f"{cause}. The outcome of this request is unknown: " + retry_advice(scope)
         headers = {"Retry-After": "1"}
     elif status == 500:
@@ -185,9 +193,25 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def service_error(request: Request, error: Exception) -> JSONResponse:
         status, body, headers = error_answer(error, request.scope)
+        note_error(request.scope, error, status)
         return _error(request, status, headers=headers, **body)
 
     for kind in STATUS:
         app.add_exception_handler(kind, service_error)
     # Starlette's ServerErrorMiddleware calls this one, then re-raises: uvicorn logs the traceback
     app.add_exception_handler(Exception, service_error)
+
+
+def note_error(scope: Scope, error: Exception, status: int) -> None:
+    """What the service says of an error it answers: the model it concerns on the request (its metrics and access
+    log name it), and its log line. A 4xx is the client's business: one DEBUG line. A 503 the service answers on
+    purpose (Redis or the engine unavailable, the replica overloaded): one WARNING line. Any other error is the
+    service's fault: its traceback is logged at ERROR by the server (uvicorn), once."""
+    model = getattr(error, "model_ref", None)
+    state = scope.setdefault("state", {})
+    if model and not state.get("model"):
+        state["model"] = model
+    if status < 500:
+        log.debug("answered %d: %s", status, error)
+    elif type(error) in STATUS or isinstance(error, StateStoreUnavailable | EngineUnavailable):
+        log.warning("answered %d: %s", status, error)

@@ -3,7 +3,7 @@
 ``RTSERVE_LOG_FORMAT=json`` writes one JSON object per line (``time``, ``level``, ``logger``, ``message``,
 ``request_id`` and any ``extra`` fields such as the access log's ``method``, ``route``, ``status``); ``text``
 writes ``time level logger [request id]: message``. The request id is a context variable set by
-:class:`service.middleware.RequestIdMiddleware`, so lines logged by handlers, the runtime or uvicorn while a
+:class:`service.middleware.RequestScope`, so lines logged by handlers, the runtime or uvicorn while a
 request runs carry it without passing it around.
 """
 

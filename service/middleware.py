@@ -1,5 +1,5 @@
-"""ASGI middleware: request ids; request body read whole, bounded in size (413) and time (408); request
-metrics and the access log by route template, model and status."""
+"""ASGI middleware: the request's id, metrics and access log (:class:`RequestScope`); its body read whole, bounded in
+size (413) and time (408) (:class:`BodyLimitMiddleware`)."""
 
 from __future__ import annotations
 
@@ -36,30 +36,44 @@ def take_request_id(scope: Scope) -> str:
     return request_id
 
 
-class RequestIdMiddleware:
-    """Takes the client's ``X-Request-ID`` (1-128 characters of ``A-Za-z0-9._:/+=-``) or makes one, puts it in the
-    request's state and the logging context, and echoes it in the response's ``X-Request-ID`` header."""
+class RequestScope:
+    """The outermost layer of every HTTP request: its id and its metrics, in one pass.
 
-    def __init__(self, app: ASGIApp) -> None:
+    - The request id: the client's ``X-Request-ID`` (1-128 characters of ``A-Za-z0-9._:/+=-``) or a new one, in the
+      request's state and the logging context, echoed in the answer's ``X-Request-ID`` header.
+    - The request's metrics (count and duration by route template, model and status) and its access log line
+      (``RTSERVE_ACCESS_LOG``), with the route template, never the path: session ids stay out of logs. It sees every
+      answer, a 413 of the body limit or a cut at shutdown included.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, log_access: bool = False) -> None:
         self.app = app
+        self.metrics = metrics
+        self.log_access = log_access
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()
         request_id = take_request_id(scope)
         token = request_id_var.set(request_id)
         header = (b"x-request-id", request_id.encode())
+        status = 500
 
-        async def send_with_id(message: Message) -> None:
+        async def answering(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive, answering)
         finally:
             request_id_var.reset(token)
+            record_request(self.metrics, route_template(scope), scope, status, time.perf_counter() - started,
+                           self.log_access)
 
 
 class BodyLimitMiddleware:
@@ -126,36 +140,6 @@ class BodyLimitMiddleware:
 
 
 TOO_LARGE_HINT = "send long inputs through a session in pieces"
-
-
-class RequestMetricsMiddleware:
-    """Counts and times every request by route template, model (set by the handler) and status, and writes the
-    access log line (``RTSERVE_ACCESS_LOG``) with the route template, never the path: session ids stay out of
-    logs."""
-
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, log_access: bool = False) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.log_access = log_access
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def recording_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, recording_send)
-        finally:
-            record_request(self.metrics, route_template(scope), scope, status, time.perf_counter() - started,
-                           self.log_access)
 
 
 def record_request(metrics: ServiceMetrics, route: str, scope: Scope, status: int, seconds: float,

@@ -15,7 +15,9 @@ from pydantic import (
     StrictBool,
     Tag,
     WithJsonSchema,
+    model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 Task = Literal["classify", "summarize", "forecast"]
@@ -274,55 +276,31 @@ class RowsPiece(BaseModel):
                        examples=[EXAMPLE_ROWS])
 
 
-def plain_piece(body: Any) -> tuple[int, str | None, list[list[float]] | None] | None:
-    """``(seq, text, rows)`` of a body that :data:`SegmentRequest` takes as it is, checked without pydantic;
-    None for any other body, which pydantic then validates (and names what is wrong). Only the plain types
-    pass: ``seq`` an int (not a bool, not 8.0) from 1, ``text`` a str, ``rows`` a non-empty list of lists of
-    ints and floats (not bools) each finite and within float32's range, and no other field."""
-    if type(body) is not dict or len(body) != 2:
-        return None
-    seq = body.get("seq")
-    if type(seq) is not int or seq < 1:
-        return None
-    text = body.get("text")
-    if type(text) is str:
-        return seq, text, None
-    rows = body.get("rows")
-    if type(rows) is not list or not rows:
-        return None
-    numbers = plain_rows(rows)
-    return None if numbers is None else (seq, None, numbers)
+class _TextAndRows(BaseModel):
+    """A piece holding both `text` and `rows`: refused with the one message that says which to drop (never in the
+    schema: no such piece exists)."""
 
-
-def plain_rows(rows: list[Any]) -> list[list[float]] | None:
-    """``rows`` as :data:`Rows` validates them when every row is a list of JSON numbers (int or float, never bool),
-    finite and within float32's range: ints become floats, as pydantic makes them (the piece's digest reads them);
-    None otherwise."""
-    has_int = False
-    for row in rows:
-        if type(row) is not list:
-            return None
-        for value in row:
-            kind = type(value)
-            if kind is int:
-                has_int = True
-            elif kind is not float:
-                return None
-            if not -FLOAT32_MAX <= value <= FLOAT32_MAX:  # also False for NaN
-                return None
-    return [[float(value) for value in row] for row in rows] if has_int else rows
+    @model_validator(mode="before")
+    @classmethod
+    def refuse(cls, body: Any) -> Any:
+        raise PydanticCustomError(
+            "text_and_rows", "send `text` (classify and summarize sessions) or `rows` (forecast sessions), not both: "
+            "drop the one this session does not read")
 
 
 def _piece_kind(body: Any) -> str | None:
     """Which piece a body is, by its fields: its errors are then about that piece only."""
     if isinstance(body, dict):
+        if "rows" in body and "text" in body:
+            return "TextAndRows"
         return "RowsPiece" if "rows" in body else "TextPiece" if "text" in body else None
     return type(body).__name__
 
 
-PIECE_KINDS = ("TextPiece", "RowsPiece")  # the tags pydantic puts in a piece's error locations (not fields)
+PIECE_KINDS = ("TextPiece", "RowsPiece", "TextAndRows")  # the tags pydantic puts in error locations (not fields)
 SegmentRequest = Annotated[
-    Annotated[TextPiece, Tag("TextPiece")] | Annotated[RowsPiece, Tag("RowsPiece")],
+    Annotated[TextPiece, Tag("TextPiece")] | Annotated[RowsPiece, Tag("RowsPiece")]
+    | Annotated[_TextAndRows, Tag("TextAndRows"), SkipJsonSchema()],
     Discriminator(_piece_kind, custom_error_type="piece_missing",
                   custom_error_message="send `seq` with `text` (classify and summarize sessions) or `rows` (forecast "
                                        "sessions)"),

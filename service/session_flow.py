@@ -1,35 +1,46 @@
-"""Applying a piece to a session exactly once, on any replica.
+"""Applying a piece to a session exactly once, on any replica, whatever the transport (HTTP or a stream).
 
-1. One round trip (``SessionStore.begin``): meta, state and last result, and the
-   session's short lock when ``seq`` is the next piece.
-2. ``seq`` equal to the last applied one: a retry — return the stored result
-   (refused if the piece differs). Anything but last + 1: 409 with the
-   expected number. The lock held by another request: wait for its commit (or
-   for its lease to lapse, when its replica died).
-3. Compute the step, refreshing the lock's lease while it runs; commit with the compare-and-set script, which also
-   releases the lock and returns the new meta (one more round trip). A commit
-   that loses the race returns what the winner stored.
+1. A session this replica applied the last piece of is in its cache (:mod:`service.sessions.cache`): when ``seq`` is
+   its next piece, the piece is computed from the kept state at once, with no read of the session first.
+2. Otherwise one round trip (``SessionStore.begin``) reads meta, the state (for the next piece) and the last result
+   (for a retry), and takes the session's short lock when the piece is the next one. ``seq`` equal to the last
+   applied one is a retry: the stored result answers it (refused if the piece differs). Anything but last + 1 is
+   a 409 with the expected number. The lock held by another request: wait for its commit (or for its lease to lapse,
+   when its replica died). The lock held by a session stream: go ahead (the commit orders the two).
+3. Compute the step (the lock's lease renewed while it runs), then commit with the compare-and-set script, in the
+   same round trip as the other commits of its batch. A commit that finds the session moved on (another request
+   applied a piece first, from the cache's stale state or on another replica) wrote nothing: the piece goes round
+   again from a fresh read, where it is the retry of what the other applied (answered ``replayed``), or a 409.
+
+Errors raised once the session was read carry its model (``model_ref``), for the request metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from service.metrics import ServiceMetrics
-from service.runtime.pipeline import Finished, InputError, reads_nothing
+from service.runtime.pipeline import Arrays, FinalResult, InputError, reads_nothing
 from service.runtime.registry import LoadedModel, ModelRegistry
 from service.sessions import (
+    LostRace,
+    Piece,
     SequenceConflict,
     SessionFinished,
     SessionLimit,
     SessionMeta,
-    SessionNotFound,
+    SessionStatus,
     SessionStore,
-    piece_digest,
-    same_piece,
 )
+from service.sessions.cache import Kept, StateCache
+from service.sessions.digest import piece_digest, same_piece
+
+INDEX_TOUCH_SECONDS = 60.0  # a kept session's index entries move to its new idle expiry at most this often
+ROUNDS = 3  # reads of a session a piece may take before it is refused as a conflict
 
 
 @dataclass
@@ -40,18 +51,34 @@ class Applied:
 
 
 @dataclass
-class Finishing:
+class SessionEnd:
+    """A finish: the session's model, its meta after finishing (for a stream: once its tokens are all out), and
+    the pipeline's final result."""
+
     model: LoadedModel
-    meta: SessionMeta  # after finishing (for a stream: once its tokens are all out)
-    finished: Finished
+    meta: SessionMeta
+    final: FinalResult
     replayed: bool = False  # the session was already finished: its stored result
 
 
+@contextmanager
+def about(meta: SessionMeta) -> Iterator[None]:
+    """Errors raised in the body name the session's model (``model_ref``), unless they name one already."""
+    try:
+        yield
+    except Exception as error:
+        if getattr(error, "model_ref", None) is None:
+            error.model_ref = meta.model  # type: ignore[attr-defined]
+        raise
+
+
 class SessionFlow:
-    def __init__(self, sessions: SessionStore, registry: ModelRegistry, metrics: ServiceMetrics) -> None:
+    def __init__(self, sessions: SessionStore, registry: ModelRegistry, metrics: ServiceMetrics,
+                 cache: StateCache) -> None:
         self.sessions = sessions
         self.registry = registry
         self.metrics = metrics
+        self.cache = cache
 
     async def create(self, model: LoadedModel, owner: str, quota: str | None = None) -> SessionMeta:
         return await self.sessions.create(model.ref, model.task, owner, model.new_state(), quota)
@@ -59,45 +86,72 @@ class SessionFlow:
     def model_of(self, meta: SessionMeta) -> LoadedModel:
         return self.registry.resolve(meta.model, meta.task)
 
-    async def apply(
-        self, session_id: str, owner: str, seq: int, text: str | None, rows: list[list[float]] | None,
-        note_model: Callable[[str], None] | None = None,
-    ) -> Applied:
+    async def apply(self, session_id: str, owner: str, seq: int, text: str | None,
+                    rows: list[list[float]] | None) -> Applied:
         """Apply piece ``seq`` (``text`` or ``rows``, whichever the session's model reads)."""
-        for _ in range(3):  # a lost race or a lapsed lock sends us round again, with fresh state
-            meta, state, last_result, token = await self.sessions.begin(session_id, owner, seq)
-            if note_model is not None:
-                note_model(meta.model)
-            try:
-                model = self.model_of(meta)
-                piece = self._piece(model, meta, text, rows)
+        kept = self.cache.get(session_id)
+        if (kept is not None and kept.meta.owner == owner and kept.meta.status is SessionStatus.OPEN
+                and seq == kept.meta.seq + 1):
+            with about(kept.meta):
+                model = self.model_of(kept.meta)
+                piece = self._piece(model, kept.meta, text, rows)
                 digest = piece_digest(piece)
-                replay = self._check_sequence(meta, seq, digest, piece, last_result)
+                self._check_room(kept.meta)
+                try:
+                    return await self._compute(model, kept.meta, kept.state, seq, piece, digest, None, kept)
+                except LostRace:  # the session moved on elsewhere: read it and decide anew
+                    self.cache.drop(session_id)
+        for _ in range(ROUNDS):
+            begun = await self.sessions.begin(session_id, owner, seq)
+            with about(begun.meta):
+                try:
+                    model = self.model_of(begun.meta)
+                    piece = self._piece(model, begun.meta, text, rows)
+                    digest = piece_digest(piece)
+                    replay = self._check_sequence(begun.meta, seq, digest, piece, begun.last_result)
+                except BaseException:
+                    if begun.token is not None:
+                        await self.sessions.leases.release(session_id, begun.token)
+                    raise
                 if replay is not None:
                     return replay
-                if token is None:  # another request is applying this session's next piece right now
+                if begun.busy:  # another request is applying this session's next piece right now
                     await self.sessions.wait_for(session_id, seq)
                     continue
-                async with self.sessions.holding(session_id, token):
-                    consumed = await model.consume(state, piece)
-            except BaseException:
-                if token is not None:
-                    await self.sessions.release(session_id, token)
-                raise
-            outcome, fresh = await self.sessions.commit(meta, seq, digest, consumed, token)
-            if outcome == 1:
-                assert fresh is not None
-                self.metrics.labelled(self.metrics.session_state_bytes, model.ref).observe(fresh.state_bytes)
-                return Applied(fresh, consumed.result, replayed=False)
-            if outcome == -1:
-                raise SessionNotFound(f"session {session_id} expired while the piece was applied")
-            if outcome == -2:
-                raise SessionFinished(f"session {session_id} is finished; start a new session")
+                assert begun.state is not None, "the next piece's read brings its state"
+                try:
+                    return await self._compute(model, begun.meta, begun.state, seq, piece, digest, begun.token, None)
+                except LostRace:
+                    continue
         meta, _, last_result, _ = await self.sessions.snapshot(session_id, owner)
-        replay = self._check_sequence(meta, seq, digest, piece, last_result)
-        if replay is not None:
-            return replay
-        raise SequenceConflict(f"piece {seq} could not be applied, try again", expected=meta.seq + 1)
+        with about(meta):
+            replay = self._check_sequence(meta, seq, digest, piece, last_result)
+            if replay is not None:
+                return replay
+            raise SequenceConflict(f"piece {seq} could not be applied, try again", expected=meta.seq + 1)
+
+    async def _compute(self, model: LoadedModel, meta: SessionMeta, state: Arrays, seq: int, piece: Any,
+                       digest: str, token: str | None, kept: Kept | None) -> Applied:
+        """Step the piece from ``state`` and commit it; keep what it left for the session's next piece."""
+        try:
+            if token is None:
+                consumed = await model.consume(state, piece)
+            else:
+                async with self.sessions.leases.holding(meta.id, token):
+                    consumed = await model.consume(state, piece)
+        except BaseException:
+            if token is not None:
+                await self.sessions.leases.release(meta.id, token)
+            raise
+        now = time.time()
+        touch = kept is None or now - kept.indexes_touched >= INDEX_TOUCH_SECONDS
+        written = Piece(seq, digest, consumed.state, consumed.result, consumed.units_read, consumed.segments,
+                        consumed.chunk)
+        fresh = await self.sessions.commit(meta, written, token, touch)
+        touched = now if touch or kept is None else kept.indexes_touched
+        self.cache.keep(meta.id, Kept(fresh, consumed.state, consumed.result, touched))
+        self.metrics.labelled(self.metrics.session_state_bytes, model.ref).observe(fresh.state_bytes)
+        return Applied(fresh, consumed.result, replayed=False)
 
     @staticmethod
     def _piece(model: LoadedModel, meta: SessionMeta, text: str | None, rows: list[list[float]] | None) -> Any:
@@ -109,11 +163,18 @@ class SessionFlow:
             raise InputError(f"this is a {meta.task} session: send `{kind}`, not `{wrong}`")
         return piece
 
+    def _check_room(self, meta: SessionMeta) -> None:
+        limit = self.sessions.settings.max_segments_per_session
+        if meta.seq >= limit:
+            raise SessionLimit(f"session {meta.id} reached {limit} pieces; finish it")
+
     def _check_sequence(
         self, meta: SessionMeta, seq: int, digest: str, piece: Any, last_result: dict[str, Any] | None
     ) -> Applied | None:
+        """A retry of the last applied piece answered from its stored result; None for the next piece; else the
+        conflict, the finished session or the full session, raised."""
         retried = seq == meta.seq and seq > 0 and same_piece(meta.piece_sha, digest, piece)
-        if meta.status == "finished" and not retried:
+        if meta.status is SessionStatus.FINISHED and not retried:
             raise SessionFinished(f"session {meta.id} is finished; start a new session")
         if seq == meta.seq and seq > 0:  # a retry; after finish its stored result is the final one
             if not retried:
@@ -128,48 +189,46 @@ class SessionFlow:
                 f"piece {seq} is {kind}: this session has applied {meta.seq} pieces, send seq {meta.seq + 1}",
                 expected=meta.seq + 1,
             )
-        if meta.seq >= self.sessions.settings.max_segments_per_session:
-            raise SessionLimit(
-                f"session {meta.id} reached {self.sessions.settings.max_segments_per_session} pieces; finish it"
-            )
+        self._check_room(meta)
         return None
 
-    async def finish(
-        self, session_id: str, owner: str, stream: bool = False, options: dict[str, Any] | None = None
-    ) -> Finishing:
+    async def finish(self, session_id: str, owner: str, stream: bool = False,
+                     options: dict[str, Any] | None = None) -> SessionEnd:
         """The final result. On a finished session: the stored one again (``replayed``). With ``stream`` the
-        tokens are in ``finished.tokens`` and ``meta`` is the one after finishing once they are all out."""
+        tokens are in ``final.tokens`` and ``meta`` is the one after finishing once they are all out."""
         meta, state, last_result, chunks = await self.sessions.snapshot(session_id, owner, with_chunks=True)
-        model = self.model_of(meta)
-        if meta.status == "finished":
-            return Finishing(model, meta, Finished(last_result or {}), replayed=True)
-        finished = await model.finish(state, chunks, last_result, stream=stream, options=options)
-        if reads_nothing(finished.result):  # single pieces may be empty, a whole document may not
-            raise SequenceConflict(f"session {session_id} has no text the model reads yet (its pieces are empty, or "
-                                   "only whitespace or control characters): send its text in pieces, then finish "
-                                   "(the session stays open)", expected=meta.seq + 1)
-        if finished.tokens is None:
-            return Finishing(model, await self._store_final(meta, finished.result), finished)
-        finishing = Finishing(model, meta, finished)
-        finished.tokens = self._store_after_stream(finishing, finished.tokens)
-        return finishing
+        with about(meta):
+            model = self.model_of(meta)
+            if meta.status is SessionStatus.FINISHED:
+                return SessionEnd(model, meta, FinalResult(last_result or {}), replayed=True)
+            final = await model.finish(state, chunks, last_result, stream=stream, options=options)
+            if reads_nothing(final.result):  # single pieces may be empty, a whole document may not
+                raise SequenceConflict(f"session {session_id} has no text the model reads yet (its pieces are empty, "
+                                       "or only whitespace or control characters): send its text in pieces, then "
+                                       "finish (the session stays open)", expected=meta.seq + 1)
+            if final.tokens is None:
+                return SessionEnd(model, await self._store_final(meta, final.result), final)
+            end = SessionEnd(model, meta, final)
+            final.tokens = self._store_after_stream(end, final.tokens)
+            return end
 
-    async def _store_after_stream(self, finishing: Finishing, tokens: AsyncIterator[str]) -> AsyncIterator[str]:
+    async def _store_after_stream(self, end: SessionEnd, tokens: AsyncIterator[str]) -> AsyncIterator[str]:
         async for token in tokens:
             yield token
         # the pipeline fills the result as it streams
-        finishing.meta = await self._store_final(finishing.meta, finishing.finished.result)
+        end.meta = await self._store_final(end.meta, end.final.result)
 
     async def _store_final(self, meta: SessionMeta, result: dict[str, Any]) -> SessionMeta:
-        outcome, fresh = await self.sessions.finish(meta, result)
-        if outcome == 0:
-            raise SequenceConflict("a piece arrived while the session was finishing; finish again", meta.seq + 1)
-        if outcome == -1 or fresh is None:
-            raise SessionNotFound(f"session {meta.id} expired while finishing")
-        return fresh
+        self.cache.drop(meta.id)
+        try:
+            return await self.sessions.finish(meta, result)
+        except LostRace:
+            raise SequenceConflict("a piece arrived while the session was finishing; finish again",
+                                   meta.seq + 1) from None
 
     async def delete(self, meta: SessionMeta) -> None:
         """Drop the session ``meta`` describes (read by :meth:`status`, which refuses strangers)."""
+        self.cache.drop(meta.id)
         await self.sessions.delete(meta)
 
     async def refresh_active_sessions(self) -> None:

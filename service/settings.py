@@ -69,7 +69,14 @@ class Settings(BaseSettings):
     )
     session_lock_seconds: float = Field(
         1.0, gt=0, le=60,
-        description="Lease of the lock a replica holds while it computes a piece; refreshed while the step runs.",
+        description="Lease of the lock a replica holds while it computes a piece or holds a session's stream open; "
+        "renewed while it does.",
+    )
+    state_cache_bytes: int = Field(
+        256 * 2**20, ge=0,
+        description="Bytes of session states a replica keeps in memory after it applied a session's last piece, so "
+        "that the session's next piece is computed without reading its state back from Redis (the commit still "
+        "checks it is current). The least recently used are dropped past it; 0 keeps none.",
     )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

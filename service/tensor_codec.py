@@ -13,6 +13,8 @@ import numpy as np
 from safetensors.numpy import load as _load
 from safetensors.numpy import save as _save
 
+Arrays = dict[str, np.ndarray]  # a state, a chunk, a graph's inputs or outputs: named arrays
+
 
 def encode_tensors(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
     """Serialize named arrays. Arrays are made contiguous; 0-d arrays are kept 0-d."""

@@ -210,6 +210,6 @@ async def test_the_lock_keeper_renews_locks_of_every_slot_in_one_pipeline(cluste
     for session_id, token in held[1:]:
         await store.client.set(sessions._keys(session_id)["lock"], token, px=1000)
     assert len({cluster.primary_of(sessions._keys(session_id)["lock"]) for session_id, _ in held}) > 1
-    assert await sessions.refresh(held) == [False] + [True] * 11
+    assert await sessions.leases.renew(held) == [False] + [True] * 11
     assert 4000 < await store.client.pttl(sessions._keys("s5")["lock"]) <= 5000
     await store.close()

@@ -71,7 +71,7 @@ def test_a_seq_applies_once_a_retry_is_replayed_and_gaps_changed_or_stale_pieces
 
 
 def test_a_retry_of_a_piece_an_earlier_release_applied_is_replayed(repository, redis_url, key_prefix):
-    from service.sessions import json_piece_digest, piece_digest
+    from service.sessions.digest import json_piece_digest, piece_digest
 
     rows = series(np.random.default_rng(), 20)
     rows[0][0] = 1e-05  # json writes 1e-05, orjson 1e-5: the two digests differ
@@ -231,8 +231,8 @@ def test_active_sessions_are_counted_in_redis_the_same_on_every_replica(reposito
 
 def test_a_session_id_never_starts_with_a_dash(monkeypatch):
     # A shell and the CLI read "-QuS1..." as an option: `rtserve session status <id>` would fail on one id in 64.
-    from service import sessions
+    from service.sessions import meta
     drawn = iter(["-QuS19uU0VkgxBD", "_x-", "QuS19uU0VkgxBD"])
-    monkeypatch.setattr(sessions.secrets, "token_urlsafe", lambda nbytes: next(drawn))
-    assert sessions.new_session_id() == "_x-"
-    assert sessions.new_session_id() == "QuS19uU0VkgxBD"
+    monkeypatch.setattr(meta.secrets, "token_urlsafe", lambda nbytes: next(drawn))
+    assert meta.new_session_id() == "_x-"
+    assert meta.new_session_id() == "QuS19uU0VkgxBD"

@@ -309,7 +309,7 @@ async def test_every_held_lock_is_renewed_in_one_round_trip_and_a_lost_one_is_le
 
     from redis.asyncio.connection import AbstractConnection
 
-    from service import sessions as sessions_module
+    from service.sessions import lease as sessions_module
     from service.metrics import ServiceMetrics
     from service.sessions import SessionStore
     from service.settings import Settings
@@ -325,7 +325,7 @@ async def test_every_held_lock_is_renewed_in_one_round_trip_and_a_lost_one_is_le
     await store.client.set(sessions._keys("s0")["lock"], "another replica's", px=600)
     await store.client.script_flush()  # as after a restart: the refresh script is gone
 
-    assert await sessions.refresh(held) == [False] + [True] * 11
+    assert await sessions.leases.renew(held) == [False] + [True] * 11
     sent: list[int] = []
     original = AbstractConnection.send_packed_command
 
@@ -337,14 +337,14 @@ async def test_every_held_lock_is_renewed_in_one_round_trip_and_a_lost_one_is_le
     try:
         async with AsyncExitStack() as stack:
             for key in held:
-                await stack.enter_async_context(sessions.holding(*key))
+                await stack.enter_async_context(sessions.leases.holding(*key))
             started = time.monotonic()
             await asyncio.sleep(1.0)  # past the first lease: only renewals keep the locks
             beats = (time.monotonic() - started) / beat
             assert 3 <= len(sent) <= beats + 1, f"{len(sent)} round trips for 12 locks over {beats:.1f} beats"
             assert await store.client.get(sessions._keys("s1")["lock"]) == b"token1"
             assert await store.client.get(sessions._keys("s0")["lock"]) is None
-            assert ("s0", "token0") not in sessions._held and ("s1", "token1") in sessions._held
+            assert ("s0", "token0") not in sessions.leases._held and ("s1", "token1") in sessions.leases._held
     finally:
         AbstractConnection.send_packed_command = original
         await sessions.close()

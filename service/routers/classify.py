@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from service.errors import BODY, check_text, responses
-from service.json_body import JSONBodyRoute, with_fast_path
-from service.routers.one_shot import OneShot, OneShotDep, answer, one_shot_call, read_plain_body
+from service.fast_path import JSONBodyRoute, answer_json, plain_body, with_fast_path
+from service.routers.one_shot import OneShot, OneShotDep, one_shot_call
 from service.runtime.pipeline import run_whole
 from service.schemas import ClassifyRequest, ClassifyResponse
 
@@ -24,11 +24,12 @@ async def classification_of(call: OneShot, name: str | None, text: str) -> dict[
 
 
 async def classify_fast(request: Request) -> Response | None:
-    """The route's fast path (service/routers/one_shot.py): plain text answered; None for any other body."""
-    body = await read_plain_body(request, "text")
+    """The route's fast path (:mod:`service.fast_path`): plain text answered; None for any other body."""
+    body = plain_body(await request.json(), "text")
     if body is None or type(body["text"]) is not str:
         return None
-    return answer(ClassifyResponse, await classification_of(one_shot_call(request), body.get("model"), body["text"]))
+    return answer_json(ClassifyResponse,
+                       await classification_of(one_shot_call(request), body.get("model"), body["text"]))
 
 
 @router.post(

@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from service.errors import BODY, check_rows, responses
-from service.json_body import JSONBodyRoute, with_fast_path
-from service.routers.one_shot import OneShot, OneShotDep, answer, one_shot_call, read_plain_body
+from service.fast_path import JSONBodyRoute, answer_json, plain_body, plain_rows, with_fast_path
+from service.routers.one_shot import OneShot, OneShotDep, one_shot_call
 from service.runtime.pipeline import run_whole
-from service.schemas import ForecastRequest, ForecastResponse, plain_rows
+from service.schemas import ForecastRequest, ForecastResponse
 
 router = APIRouter(tags=["forecast"], route_class=JSONBodyRoute)
 
@@ -24,14 +24,12 @@ async def forecast_of(call: OneShot, name: str | None, rows: list[list[float]]) 
 
 
 async def forecast_fast(request: Request) -> Response | None:
-    """The route's fast path (service/routers/one_shot.py): plain rows answered; None for any other body."""
-    body = await read_plain_body(request, "rows")
-    if body is None or type(body["rows"]) is not list or not body["rows"]:
+    """The route's fast path (:mod:`service.fast_path`): plain rows answered; None for any other body."""
+    body = plain_body(await request.json(), "rows")
+    rows = plain_rows(body["rows"]) if body is not None else None
+    if body is None or rows is None:
         return None
-    rows = plain_rows(body["rows"])
-    if rows is None:
-        return None
-    return answer(ForecastResponse, await forecast_of(one_shot_call(request), body.get("model"), rows))
+    return answer_json(ForecastResponse, await forecast_of(one_shot_call(request), body.get("model"), rows))
 
 
 @router.post(

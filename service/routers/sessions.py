@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import time
-import typing
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Body, Path, Request, Response
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
@@ -14,7 +12,7 @@ from sse_starlette import EventSourceResponse
 from service.auth import OwnerDep, QuotaDep, owner_of_request
 from service.dependencies import FlowDep, MetricsDep, RegistryDep
 from service.errors import BODY, check_rows, check_text, responses
-from service.json_body import JSONBodyRoute, fast_json, with_fast_path
+from service.fast_path import JSONBodyRoute, info, piece_answer, plain_piece, with_fast_path
 from service.runtime.pipeline import InputError
 from service.schemas import (
     FinishRequest,
@@ -24,10 +22,8 @@ from service.schemas import (
     SegmentResponse,
     SessionCreate,
     SessionInfo,
-    plain_piece,
 )
-from service.session_flow import Applied, Finishing, SessionFlow
-from service.sessions import SessionMeta
+from service.session_flow import Applied, SessionEnd, SessionFlow
 from service.sse import GenerationMeter, replay_tokens, sse_answer, summary_events, wants_event_stream
 
 router = APIRouter(prefix="/sessions", tags=["sessions"], route_class=JSONBodyRoute)
@@ -36,18 +32,10 @@ SessionId = Annotated[str, Path(description="The `id` that `POST /sessions` answ
                                 examples=["0nJx3kq7VdW2c9aYbR5mTfLs8HhPzE1u"])]
 
 
-def info(meta: SessionMeta) -> SessionInfo:
-    return SessionInfo(
-        id=meta.id, model=meta.model, task=meta.task, seq=meta.seq, consumed=meta.consumed,  # type: ignore[arg-type]
-        segments=meta.segments, state_bytes=meta.state_bytes, status=meta.status,  # type: ignore[arg-type]
-        created_at=meta.created, expires_at=meta.expires_at,
-    )
-
-
-def final_answer(finishing: Finishing) -> BaseModel:
+def final_answer(end: SessionEnd) -> BaseModel:
     """The one-shot answer of the session's task (the ``finish`` part of its family), plus the session."""
-    answer = finishing.model.family.part("finish")
-    return answer(model=finishing.meta.model, session=info(finishing.meta), **finishing.finished.result)
+    answer = end.model.family.part("finish")
+    return answer(model=end.meta.model, session=info(end.meta), **end.final.result)
 
 
 @router.post(
@@ -83,28 +71,6 @@ async def delete_session(session_id: SessionId, request: Request, flow: FlowDep,
     return Response(status_code=204)
 
 
-def session_fields(meta: SessionMeta) -> dict[str, Any]:
-    """:func:`info` as the JSON object :class:`SessionInfo` serializes to."""
-    return {"id": meta.id, "model": meta.model, "task": meta.task, "seq": meta.seq, "consumed": meta.consumed,
-            "segments": meta.segments, "state_bytes": meta.state_bytes, "status": meta.status,
-            "created_at": meta.created, "expires_at": meta.expires_at}
-
-
-# the fields of each result SegmentResponse.result may be: a result with exactly one of these sets is what
-# pydantic's union would validate and serialize it as (each other member lacks a required field)
-RESULT_FIELDS = frozenset(frozenset(member.model_fields) for member in typing.get_args(
-    SegmentResponse.model_fields["result"].annotation))
-
-
-def segment_answer(applied: Applied) -> Response:
-    """The :class:`SegmentResponse` of an applied (or replayed) piece, serialized without validating it again."""
-    if frozenset(applied.result) not in RESULT_FIELDS:  # not one of the plain shapes: let pydantic shape it
-        answer = SegmentResponse(session=info(applied.meta), replayed=applied.replayed, result=applied.result)
-        return Response(answer.model_dump_json(), media_type="application/json")
-    content = {"session": session_fields(applied.meta), "replayed": applied.replayed, "result": applied.result}
-    return Response(orjson.dumps(content), media_type="application/json")
-
-
 async def apply_piece(request: Request, flow: SessionFlow, session_id: str, owner: str, seq: int,
                       text: str | None, rows: list[list[float]] | None) -> Applied:
     settings = request.app.state.settings
@@ -113,31 +79,22 @@ async def apply_piece(request: Request, flow: SessionFlow, session_id: str, owne
     else:
         assert text is not None
         check_text(text, settings)
-    return await flow.apply(session_id, owner, seq, text, rows,
-                            note_model=lambda ref: setattr(request.state, "model", ref))
-
-
-async def read_plain_piece(request: Request) -> tuple[int, str | None, list[list[float]] | None] | None:
-    """``(seq, text, rows)`` of a JSON body of the plain types (:func:`service.schemas.plain_piece`); None for any
-    other body, which the endpoint then validates."""
-    return plain_piece(await fast_json(request))
-
-
-async def answer_piece(request: Request, piece: tuple[int, str | None, list[list[float]] | None]) -> Response:
-    """``add_segment`` for a plain piece: no dependency solver, no validation by pydantic, the answer serialized
-    once. Raises what the endpoint raises (the app's handlers answer it)."""
-    seq, text, rows = piece
-    owner = owner_of_request(request, request.app.state.settings)
-    flow: SessionFlow = request.app.state.flow
-    return segment_answer(await apply_piece(request, flow, request.path_params["session_id"], owner, seq, text,
-                                            rows))
+    applied = await flow.apply(session_id, owner, seq, text, rows)
+    request.state.model = applied.meta.model
+    return applied
 
 
 async def add_segment_fast(request: Request) -> Response | None:
-    """The route's fast path (also the segment lane's, service/segment_lane.py): the answer of a plain piece, or
-    None (the endpoint takes it) for anything else."""
-    piece = await read_plain_piece(request)
-    return None if piece is None else await answer_piece(request, piece)
+    """The route's fast path (:mod:`service.fast_path`): a plain piece answered without the dependency solver and
+    pydantic, its answer serialized once; None (the endpoint validates it) for any other body."""
+    piece = plain_piece(await request.json())
+    if piece is None:
+        return None
+    seq, text, rows = piece
+    owner = owner_of_request(request, request.app.state.settings)
+    applied = await apply_piece(request, request.app.state.flow, request.path_params["session_id"], owner, seq,
+                                text, rows)
+    return Response(piece_answer(applied.meta, applied.result, applied.replayed), media_type="application/json")
 
 
 @router.post(
@@ -175,20 +132,20 @@ async def finish_session(
     started = time.perf_counter()
     stream = wants_event_stream(request, body.stream if body else False)
     options = body.options() if body else {}
-    finishing: Finishing = await flow.finish(session_id, owner, stream=stream, options=options)
-    finished, pipeline = finishing.finished, finishing.model.pipeline
-    request.state.model = finishing.meta.model
+    end = await flow.finish(session_id, owner, stream=stream, options=options)
+    final, pipeline = end.final, end.model.pipeline
+    request.state.model = end.meta.model
     generated = pipeline.generated_text  # None: the task answers whole, with or without `stream`
     meter = None
-    if generated is not None and not finishing.replayed:
+    if generated is not None and not end.replayed:
         assert pipeline.generated_tokens is not None, "a pipeline that generates text counts its tokens"
-        meter = GenerationMeter(metrics, finishing.meta.model, stream, started, pipeline.generated_tokens)
+        meter = GenerationMeter(metrics, end.meta.model, stream, started, pipeline.generated_tokens)
     if generated is not None and stream:
         async def done() -> BaseModel:
-            return final_answer(finishing)
+            return final_answer(end)
 
-        tokens = finished.tokens if finished.tokens is not None else replay_tokens(finished.result.get(generated, ""))
+        tokens = final.tokens if final.tokens is not None else replay_tokens(final.result.get(generated, ""))
         return EventSourceResponse(summary_events(request, tokens, done, meter))
     if meter is not None:
-        meter.done(int(finished.result.get(meter.counted, 0)))
-    return final_answer(finishing)
+        meter.done(int(final.result.get(meter.counted, 0)))
+    return final_answer(end)

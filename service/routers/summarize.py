@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from sse_starlette import EventSourceResponse
 
 from service.errors import BODY, check_text, responses
-from service.json_body import JSONBodyRoute
+from service.fast_path import JSONBodyRoute
 from service.routers.one_shot import OneShotDep
 from service.runtime.pipeline import run_whole
 from service.schemas import SummarizeRequest, SummarizeResponse

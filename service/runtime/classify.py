@@ -17,7 +17,7 @@ import numpy as np
 from models.classifier_stream import ClassifierStream
 from models.text_stream import SegmentCutter
 from service.runtime.batcher import DynamicBatcher
-from service.runtime.pipeline import Arrays, Consumed, Finished, TextPipeline, cut_text
+from service.runtime.pipeline import Arrays, Consumed, FinalResult, TextPipeline, cut_text
 
 
 class ClassifyPipeline(TextPipeline):
@@ -45,12 +45,12 @@ class ClassifyPipeline(TextPipeline):
     async def finish(
         self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
         stream: bool = False, options: Mapping[str, Any] | None = None,
-    ) -> Finished:
+    ) -> FinalResult:
         cut_state, segments = self.stream.flush(state)
         self._check(cut_state)
         new_state = await self._run(cut_state, segments)
         # a document without a single token: label null, no probabilities (the schema's own "no text yet")
-        return Finished(self.stream.result(new_state), segments=len(segments))
+        return FinalResult(self.stream.result(new_state), segments=len(segments))
 
     async def _run(self, state: dict[str, np.ndarray], segments: list) -> dict[str, np.ndarray]:
         for segment in segments:  # in order: each segment reads the memory the previous one wrote

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from service.runtime.batcher import DynamicBatcher
-from service.runtime.pipeline import Arrays, Consumed, Finished, InputError, load_initial_state
+from service.runtime.pipeline import Arrays, Consumed, FinalResult, InputError, load_initial_state
 
 STANDARD_DEVIATIONS = 1e12  # how far from its training mean a value may lie, in its variable's standard deviations
 
@@ -95,15 +95,15 @@ class ForecastPipeline:
     async def finish(
         self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
         stream: bool = False, options: Mapping[str, Any] | None = None,
-    ) -> Finished:
+    ) -> FinalResult:
         """The forecast after the last piece: every step already produced it, nothing to recompute. With fewer
         rows than the look-back it is null and ``rows_needed`` says how many more (not an error: the schema
         allows any number of rows, and the answer says what is missing)."""
         if last_result is None:  # a session finished before any rows
             rows_seen = int(state["rows_seen"][0])
-            return Finished({"forecast": None, "horizon": self.horizon, "variables": self.targets,
+            return FinalResult({"forecast": None, "horizon": self.horizon, "variables": self.targets,
                              "rows_seen": rows_seen, "rows_needed": max(0, self.lookback - rows_seen)})
-        return Finished(dict(last_result))
+        return FinalResult(dict(last_result))
 
     def _result(self, out: Mapping[str, np.ndarray]) -> dict[str, Any]:
         rows_seen = int(out["next_rows_seen"][0])

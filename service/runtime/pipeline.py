@@ -19,7 +19,8 @@ import numpy as np
 from safetensors.numpy import load as safetensors_load
 from tokenizers import Tokenizer
 
-Arrays = dict[str, np.ndarray]
+from service.tensor_codec import Arrays
+
 T = TypeVar("T")
 
 
@@ -42,7 +43,7 @@ class Consumed:
 
 
 @dataclass
-class Finished:
+class FinalResult:
     result: dict[str, Any]
     tokens: AsyncIterator[str] | None = field(default=None)  # summaries can stream token by token
     segments: int = 0  # graph steps the finish applied (the tail of the document)
@@ -58,7 +59,7 @@ class Steps(Protocol):
     async def finish(
         self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
         stream: bool = False, options: Mapping[str, Any] | None = None,
-    ) -> Finished: ...
+    ) -> FinalResult: ...
 
 
 class Pipeline(Steps, Protocol):
@@ -139,7 +140,7 @@ def reads_nothing(result: Mapping[str, Any]) -> bool:
 
 async def run_whole(
     steps: Steps, piece: Any, stream: bool = False, options: Mapping[str, Any] | None = None
-) -> tuple[Consumed, Finished]:
+) -> tuple[Consumed, FinalResult]:
     """A one-shot request: the same ``consume`` and ``finish`` a session runs, on one piece."""
     consumed = await steps.consume(steps.new_state(), piece)
     chunks = [consumed.chunk] if consumed.chunk else []

@@ -30,7 +30,7 @@ from service.runtime.batcher import DynamicBatcher
 from service.runtime.batching import ContinuousBatching
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.engine_client import EngineClient, RemoteDecodeLoop, RemoteGraph
-from service.runtime.pipeline import Arrays, Consumed, Finished, Pipeline
+from service.runtime.pipeline import Arrays, Consumed, FinalResult, Pipeline
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class LoadedModel:
     async def finish(
         self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
         stream: bool = False, options: Mapping[str, Any] | None = None,
-    ) -> Finished:
+    ) -> FinalResult:
         finished = await self.pipeline.finish(state, chunks, last_result, stream=stream, options=options)
         self._count(finished.segments)
         return finished

@@ -31,7 +31,7 @@ from service.runtime.pipeline import (
     OFF_LOOP_CHARS,
     Arrays,
     Consumed,
-    Finished,
+    FinalResult,
     InputError,
     TextPipeline,
     cut_text,
@@ -100,7 +100,7 @@ class SummarizePipeline(TextPipeline):
     async def finish(
         self, state: Mapping[str, np.ndarray], chunks: list[Arrays], last_result: Mapping[str, Any] | None,
         stream: bool = False, options: Mapping[str, Any] | None = None,
-    ) -> Finished:
+    ) -> FinalResult:
         options = options or {}
         decoding = self._decoding(options)
         cut_state, windows = self.stream.flush(state)
@@ -111,7 +111,7 @@ class SummarizePipeline(TextPipeline):
                                   "decoding": decoding}
         read = int(final_state["source_tokens"][0])
         if read == 0:  # a document without a single token: an empty summary (the schema allows empty text)
-            return Finished(result, _no_tokens() if stream else None, segments=len(windows))
+            return FinalResult(result, _no_tokens() if stream else None, segments=len(windows))
         text, salience = self.stream.document(chunks)
         if decoding == "sentence":
             assert salience is not None, "sentence copy needs the salience output (checked in _decoding)"
@@ -120,7 +120,7 @@ class SummarizePipeline(TextPipeline):
             result.update(summary=" ".join(text for text, _ in sentences),
                           summary_tokens=sum(tokens for _, tokens in sentences))
             tokens = _sentences_as_pieces([text for text, _ in sentences]) if stream else None
-            return Finished(result, tokens, segments=len(windows))
+            return FinalResult(result, tokens, segments=len(windows))
 
         memory, source_ids = self.stream.memory(final_state, chunks)
         beams = int(options.get("beam_size") or self.settings["beam_size"])
@@ -137,8 +137,8 @@ class SummarizePipeline(TextPipeline):
 
         if not stream:
             await run()
-            return Finished(result, segments=len(windows))
-        return Finished(result, self._stream(run, beams, result, known, case), segments=len(windows))
+            return FinalResult(result, segments=len(windows))
+        return FinalResult(result, self._stream(run, beams, result, known, case), segments=len(windows))
 
     def _decoding(self, options: Mapping[str, Any]) -> str:
         """The request's decoding; a beam search asked for without one means free decoding (sentence copy runs

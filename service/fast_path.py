@@ -1,0 +1,208 @@
+"""JSON bodies read once, and the fast path a route's plain requests take through the same door.
+
+Every route that takes a JSON body uses :class:`JSONBodyRoute`. Before its endpoint runs, the route reads the body
+once:
+
+- a body sent without ``Content-Type: application/json`` is refused (415) with what to send instead (a plain
+  ``curl -d`` sends a form);
+- the body is parsed once, by orjson; the parsed value is what the endpoint's validation reads (no second parse).
+  A body orjson refuses is parsed by the standard library, which names where and why it is not JSON (422), and
+  which reads an integer past 64 bits as the number it is (an integer longer than Python's 4300-digit string
+  limit as an infinite float, so that validation names the field and the rule it breaks rather than "There was an
+  error parsing the body").
+
+A route whose endpoint carries a *fast path* (:func:`with_fast_path`) then tries it: a function of the request that
+answers the plain case (a body of exactly the expected types, :func:`plain_piece`, :func:`plain_body`) without
+FastAPI's dependency solver, pydantic's validation and its serialization of the answer, and returns None for
+anything else, which the endpoint then validates and names what is wrong. The fast path runs inside the middleware
+stack and the router, like the endpoint, and raises the same errors (the app's handlers answer them): the answer
+does not depend on which of the two took the request. :func:`answer_json` serializes a fast path's answer once.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from fastapi import HTTPException, Request, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+
+from service.runtime.pipeline import InputError
+from service.schemas import FLOAT32_MAX, SegmentResponse, SessionInfo
+from service.sessions import SessionMeta
+
+FastPath = Callable[[Request], Awaitable[Response | None]]
+_UNREAD = object()
+
+
+class UnsupportedBody(Exception):
+    """A body that is not declared as JSON (HTTP 415); the message says what to send."""
+
+
+def _integer(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:  # longer than int's string limit: a number all the same
+        return float(text)
+
+
+def _json_of(body: bytes) -> Any:
+    """``body`` parsed: by orjson, or where orjson refuses it by the standard library (integers past 64 bits), whose
+    error names the place; :class:`InputError` for text that is not JSON, a 400 for bytes that are not UTF-8."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(body, parse_int=_integer)
+    except UnicodeDecodeError as error:
+        raise HTTPException(400, f"the body is not UTF-8 text (byte {error.start} is 0x{body[error.start]:02x}): "
+                                 "send JSON encoded as UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"the body is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno} "
+                         f"(character {error.pos})", loc=("body",), kind="json_invalid") from None
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+class JSONBodyRequest(Request):
+    """A request whose JSON body is read once (:meth:`json`), by the route and the endpoint alike."""
+
+    _parsed: Any = _UNREAD
+
+    async def json(self) -> Any:
+        if self._parsed is _UNREAD:
+            self._parsed = _json_of(await self.body())
+        return self._parsed
+
+
+async def read_json(request: Request) -> Any:
+    """The request's JSON body, parsed once (None where it has none); :class:`UnsupportedBody` for a body that is not
+    declared JSON, :class:`InputError` for one that is not JSON."""
+    body = await request.body()
+    if not body:
+        return None
+    content_type = request.headers.get("content-type")
+    if content_type is None or not is_json(content_type):
+        said = f"`{content_type}`" if content_type else "none"
+        raise UnsupportedBody(
+            f"send the body as JSON with `Content-Type: application/json` (this request's Content-Type: {said}; "
+            "with curl: --json '<body>', or -H 'Content-Type: application/json' -d '<body>')")
+    return await request.json()
+
+
+def with_fast_path(fast: FastPath) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give an endpoint a fast path (see the module's docstring); the route's class must be :class:`JSONBodyRoute`."""
+
+    def mark(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+        endpoint.fast_path = fast  # type: ignore[attr-defined]
+        return endpoint
+
+    return mark
+
+
+class JSONBodyRoute(APIRoute):
+    """The route class of every router whose operations take a JSON body."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+        fast: FastPath | None = getattr(self.endpoint, "fast_path", None)
+
+        async def read_json_body(request: Request) -> Response:
+            request = JSONBodyRequest(request.scope, request.receive)
+            await read_json(request)  # refused here, with what to send, before validation reads it
+            if fast is not None:
+                answer = await fast(request)
+                if answer is not None:
+                    return answer
+            return await handler(request)
+
+        return read_json_body
+
+
+# ---- what a fast path takes: bodies of exactly the plain types ------------------------------------------------
+def plain_rows(rows: Any) -> list[list[float]] | None:
+    """``rows`` as validation takes them when every row is a list of JSON numbers (int or float, never bool), finite
+    and within float32's range, at least one row: ints become floats, as pydantic makes them (a piece's digest reads
+    them); None otherwise."""
+    if type(rows) is not list or not rows:
+        return None
+    has_int = False
+    for row in rows:
+        if type(row) is not list:
+            return None
+        for value in row:
+            kind = type(value)
+            if kind is int:
+                has_int = True
+            elif kind is not float:
+                return None
+            if not -FLOAT32_MAX <= value <= FLOAT32_MAX:  # also False for NaN
+                return None
+    return [[float(value) for value in row] for row in rows] if has_int else rows
+
+
+def plain_piece(body: Any) -> tuple[int, str | None, list[list[float]] | None] | None:
+    """``(seq, text, rows)`` of a session piece that validation takes as it is; None for any other body, which
+    validation then names what is wrong with. Only the plain types pass: ``seq`` an int (not a bool, not 8.0) from
+    1, ``text`` a str or ``rows`` (:func:`plain_rows`), and no other field."""
+    if type(body) is not dict or len(body) != 2:
+        return None
+    seq = body.get("seq")
+    if type(seq) is not int or seq < 1:
+        return None
+    text = body.get("text")
+    if type(text) is str:
+        return seq, text, None
+    numbers = plain_rows(body.get("rows"))
+    return None if numbers is None else (seq, None, numbers)
+
+
+def plain_body(body: Any, field: str) -> dict[str, Any] | None:
+    """A one-shot body: a JSON object holding ``field`` and at most a string ``model`` besides; None for any other."""
+    if type(body) is not dict or field not in body or len(body) > 2:
+        return None
+    if len(body) == 2 and type(body.get("model")) is not str:
+        return None
+    return body
+
+
+def session_fields(meta: SessionMeta) -> dict[str, Any]:
+    """The session as the JSON object :class:`SessionInfo` serializes to."""
+    return {"id": meta.id, "model": meta.model, "task": meta.task, "seq": meta.seq, "consumed": meta.consumed,
+            "segments": meta.segments, "state_bytes": meta.state_bytes, "status": meta.status,
+            "created_at": meta.created, "expires_at": meta.expires_at}
+
+
+def info(meta: SessionMeta) -> SessionInfo:
+    return SessionInfo(**session_fields(meta))
+
+
+# the fields of each result SegmentResponse.result may be: a result with exactly one of these sets is what
+# pydantic's union would validate and serialize it as (each other member lacks a required field)
+RESULT_FIELDS = frozenset(frozenset(member.model_fields) for member in typing.get_args(
+    SegmentResponse.model_fields["result"].annotation))
+
+
+def piece_answer(meta: SessionMeta, result: dict[str, Any], replayed: bool) -> bytes:
+    """The :class:`SegmentResponse` of an applied (or replayed) piece, serialized once without validating it again
+    (through pydantic only for a result of no plain shape)."""
+    if frozenset(result) not in RESULT_FIELDS:
+        return SegmentResponse(session=info(meta), replayed=replayed, result=result).model_dump_json().encode()
+    return orjson.dumps({"session": session_fields(meta), "replayed": replayed, "result": result})
+
+
+def answer_json(response_model: type[BaseModel], values: dict[str, Any]) -> Response:
+    """``response_model(**values)`` as its JSON, serialized once with orjson when ``values`` are exactly its fields
+    (what pydantic would emit, in its field order); through pydantic otherwise."""
+    fields = response_model.model_fields
+    if values.keys() != fields.keys():
+        return Response(response_model(**values).model_dump_json(), media_type="application/json")
+    return Response(orjson.dumps({name: values[name] for name in fields}), media_type="application/json")
