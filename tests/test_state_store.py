@@ -309,9 +309,9 @@ async def test_every_held_lock_is_renewed_in_one_round_trip_and_a_lost_one_is_le
 
     from redis.asyncio.connection import AbstractConnection
 
-    from service.sessions import lease as sessions_module
     from service.metrics import ServiceMetrics
     from service.sessions import SessionStore
+    from service.sessions import lease as sessions_module
     from service.settings import Settings
 
     monkeypatch.setattr(sessions_module, "RENEWED_PER_CALL", 5)  # 12 locks: three calls in each round trip
