@@ -107,10 +107,12 @@ from loadtest.scenarios.floor import FLOOR_KEEP_ALIVE_SECONDS, FLOOR_TASKS, run_
 from loadtest.scenarios.forecast import run_rsa
 from loadtest.scenarios.gpu import run_gpu
 from loadtest.scenarios.summarize import run_articles, run_decode
+from loadtest.scenarios.triton import PER_PIECE, client_limited_notes, run_triton, unavailable_reason
+from loadtest.triton.server import VENV_VARIABLE
 
 log = logging.getLogger("rtserve.bench")
 
-SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor", "gpu")
+SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor", "gpu", "triton")
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -181,7 +183,22 @@ async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
             await attempt(bench, scenarios, "gpu", run_gpu(bench, meter, described))
         else:
             bench.skipped["gpu"] = f"GPU rows skipped (no GPU): {meter.reason}"
+    if "triton" in only:
+        await run_triton_side(bench, scenarios)
     return scenarios
+
+
+async def run_triton_side(bench: Bench, scenarios: dict[str, Any]) -> None:
+    """rtserve beside Triton, or why not (no peer venv: skipped, saying how to get it; the bench goes on)."""
+    install = unavailable_reason(bench.options.triton_venv)
+    if isinstance(install, str):
+        log.warning("%s", install)
+        bench.skipped["triton"] = install
+        return
+    await attempt(bench, scenarios, "triton", run_triton(bench, install))
+    if "triton" in scenarios:
+        bench.notes += [f"triton: {line}" for line in PER_PIECE]
+        bench.notes += client_limited_notes(scenarios["triton"])
 
 
 async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMeter) -> dict[str, Any]:
@@ -194,7 +211,8 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
     api_key = service.api_keys[0] if service.api_keys else None
     connections = max((*counts.sessions, counts.articles, counts.rsa_sessions, counts.gpu_sessions,
                        counts.floor_sessions)) + 4
-    client = Client(f"http://{HOST}:{port}", api_key, connections, service.keep_alive_timeout_seconds / 2)
+    client_url = f"http://{HOST}:{port}"
+    client = Client(client_url, api_key, connections, service.keep_alive_timeout_seconds / 2)
     floor_client: Client | None = None
     floor: Server | None = None
     with EmbeddedRedis() as redis:  # the bench's: the service and the floor server share it, its CPU apart
@@ -205,7 +223,8 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
             described = await client.models()
             bench = Bench(client, options.model_repository, options.data, counts, options.repeats,
                           int(settings["intra_op_threads"]), bool(settings["intra_op_spinning"]),
-                          pick_models(described, options.forecast_model), Stopwatch(server.process.pid, redis.pid))
+                          pick_models(described, options.forecast_model), Stopwatch(server.process.pid, redis.pid),
+                          url=client_url, api_key=api_key, options=options, log_folder=log_path.parent)
             if "floor" in options.only:
                 refs = [bench.ref(task) for task in FLOOR_TASKS if task in bench.models]
                 floor_port = free_port()
@@ -260,6 +279,12 @@ def parse_options(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--forecast-model", default="rsa-etth1-h24", help="the forecaster of the `rsa` scenario")
     parser.add_argument("--server-log", type=Path, help="where the service's output goes (default: a temp file)")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /readyz")
+    parser.add_argument("--triton-venv", type=Path, default=None,
+                        help=f"the Triton peer's venv (`make peers`; default: ${VENV_VARIABLE}, else .venv-peers)")
+    parser.add_argument("--triton-queue-delays-ms", default="0",
+                        help="Triton's sequence batcher max_queue_delay, one configuration each (e.g. 0,5: rtserve's)")
+    parser.add_argument("--client-processes", type=int, default=None,
+                        help="processes of the closed-loop client of `triton` (default: the usable cores)")
     options = parser.parse_args(argv)
     options.only = [name.strip() for name in options.only.split(",") if name.strip()]
     unknown = sorted(set(options.only) - set(SCENARIOS))
@@ -269,6 +294,12 @@ def parse_options(argv: Sequence[str]) -> argparse.Namespace:
         options.repeats = 1 if options.quick else 3
     if options.repeats < 1:
         parser.error("--repeats must be at least 1")
+    try:
+        options.triton_queue_delays_ms = [float(x) for x in options.triton_queue_delays_ms.split(",") if x.strip()]
+    except ValueError:
+        parser.error("--triton-queue-delays-ms takes milliseconds separated by commas, e.g. 0,5")
+    if options.client_processes is not None and options.client_processes < 1:
+        parser.error("--client-processes must be at least 1")
     if not (options.model_repository.is_dir() and any(options.model_repository.glob("*/*/manifest.json"))):
         parser.error(f"no model repository at {options.model_repository}: run `make model-repository` first")
     return options

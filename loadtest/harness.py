@@ -98,15 +98,16 @@ class Stopwatch:
     def redis_cpu(self) -> float:
         return tree_cpu_seconds(self.redis) if self.redis is not None else 0.0
 
-    def _server_cpu(self) -> float:
+    def server_cpu(self) -> float:
+        """The service and the bench's Redis."""
         return self.service_cpu() + self.redis_cpu()
 
     def start(self) -> tuple[float, float, float]:
-        return time.perf_counter(), self._server_cpu(), time.process_time()
+        return time.perf_counter(), self.server_cpu(), time.process_time()
 
     def stop(self, started: tuple[float, float, float]) -> Span:
         wall, server, client = started
-        return Span(time.perf_counter() - wall, self._server_cpu() - server, time.process_time() - client)
+        return Span(time.perf_counter() - wall, self.server_cpu() - server, time.process_time() - client)
 
 
 # ---- the service under test ----------------------------------------------------------------------
@@ -133,6 +134,7 @@ class Server:
     def __init__(self, command: list[str], env: dict[str, str], port: int, log_path: Path) -> None:
         self.url = f"http://{HOST}:{port}"
         self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # closed in stop()
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -203,6 +205,9 @@ class Client:
             if answer.status >= 400:
                 raise BenchError(f"{method} {path} answered {answer.status}: {content[:500].decode(errors='replace')}")
             return content
+
+    async def get_json(self, path: str) -> Any:
+        return json.loads(await self._ok("GET", path))
 
     async def post(self, path: str, body: bytes = b"{}") -> dict[str, Any]:
         return json.loads(await self._ok("POST", path, body))

@@ -36,16 +36,23 @@ class Counts:
     floor_sessions: int = 32  # the floor comparison: at 1 session (each in turn) and at this many at once
     floor_rsa_extra_pieces: int = 12  # more pieces per RSA session than `rsa`: CPU is read in 10 ms ticks
     settle_seconds: float = 0.2  # pause before each timed run: ONNX Runtime's idle threads stop spinning
+    triton_sessions: tuple[int, ...] = (1, 16, 32)  # rtserve beside Triton: concurrent sessions
+    triton_rsa_extra_pieces: int = 12  # RSA pieces after the look-back there (RMT: `pieces` one-segment pieces)
+    sweep_sessions: tuple[int, ...] = (1, 8, 32, 128, 512)  # the capacity sweep's session counts (--sweep-max)
+    sweep_pieces: int = 8  # pieces per session in the sweep (RSA: after the look-back)
 
 
 # a smoke test of the instrument, not a measurement
 QUICK = Counts(e2e_sessions=1, pieces=2, sessions=(2, 4), articles=2, article_chars=400, rsa_sessions=3,
                rsa_piece_rows=8, rsa_extra_pieces=1, gpu_sessions=4, floor_sessions=3, floor_rsa_extra_pieces=1,
-               settle_seconds=0.01)
+               settle_seconds=0.01, triton_sessions=(1, 2), triton_rsa_extra_pieces=1, sweep_sessions=(1, 4),
+               sweep_pieces=2)
 
 
 @dataclass
 class Bench:
+    """One run of the bench: what every scenario reads, and what they leave for the report."""
+
     client: Client
     repository: Path
     data: Path
@@ -56,6 +63,10 @@ class Bench:
     models: dict[str, dict[str, Any]]  # task -> GET /models description of the model measured
     stopwatch: Stopwatch  # the service's and this client's CPU over each timed run
     floor: Side | None = None  # the floor server (scenario `floor`)
+    url: str = ""  # the service's base URL
+    api_key: str | None = None  # the service's first API key, when it has any
+    options: Any = None  # the command's options (the scenarios' own flags: --triton-venv, --client-processes ...)
+    log_folder: Path | None = None  # where the servers' logs go
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # scenario -> why it could not finish
     notes: list[str] = field(default_factory=list)
