@@ -107,12 +107,14 @@ from loadtest.scenarios.floor import FLOOR_KEEP_ALIVE_SECONDS, FLOOR_TASKS, run_
 from loadtest.scenarios.forecast import run_rsa
 from loadtest.scenarios.gpu import run_gpu
 from loadtest.scenarios.summarize import run_articles, run_decode
+from loadtest.scenarios.sweep import run_sweep, sweep_notes
 from loadtest.scenarios.triton import PER_PIECE, client_limited_notes, run_triton, unavailable_reason
 from loadtest.triton.server import VENV_VARIABLE
 
 log = logging.getLogger("rtserve.bench")
 
-SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor", "gpu", "triton")
+SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor", "gpu", "triton", "sweep")
+DEFAULT_SCENARIOS = SCENARIOS[:-1]  # the sweep runs when asked for (--only sweep): it takes minutes per model
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -185,6 +187,9 @@ async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
             bench.skipped["gpu"] = f"GPU rows skipped (no GPU): {meter.reason}"
     if "triton" in only:
         await run_triton_side(bench, scenarios)
+    if "sweep" in only:
+        await attempt(bench, scenarios, "sweep", run_sweep(bench))
+        bench.notes += sweep_notes(scenarios.get("sweep") or {})
     return scenarios
 
 
@@ -275,7 +280,8 @@ def parse_options(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny counts, one repeat (a smoke test)")
     parser.add_argument("--repeats", type=int, help="served/offline alternations per scenario (default 3; quick 1)")
     parser.add_argument("--port", type=int, help="default: a free loopback port")
-    parser.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    parser.add_argument("--only", default=",".join(DEFAULT_SCENARIOS),
+                        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but sweep)")
     parser.add_argument("--forecast-model", default="rsa-etth1-h24", help="the forecaster of the `rsa` scenario")
     parser.add_argument("--server-log", type=Path, help="where the service's output goes (default: a temp file)")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /readyz")
@@ -284,7 +290,9 @@ def parse_options(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--triton-queue-delays-ms", default="0",
                         help="Triton's sequence batcher max_queue_delay, one configuration each (e.g. 0,5: rtserve's)")
     parser.add_argument("--client-processes", type=int, default=None,
-                        help="processes of the closed-loop client of `triton` (default: the usable cores)")
+                        help="processes of the closed-loop client of `triton` and `sweep` (default: the usable cores)")
+    parser.add_argument("--sweep-max", type=int, default=None,
+                        help="the most concurrent sessions the sweep tries (of 1, 8, 32, 128, 512; default 512)")
     options = parser.parse_args(argv)
     options.only = [name.strip() for name in options.only.split(",") if name.strip()]
     unknown = sorted(set(options.only) - set(SCENARIOS))

@@ -228,6 +228,7 @@ def markdown(results: Mapping[str, Any]) -> str:
     for label, value in measurement_rows(results["scenarios"]):
         lines.append(f"| {label} | {_number(value)} | | |")
     lines += triton_section(results["scenarios"].get("triton") or {})
+    lines += sweep_section(results["scenarios"].get("sweep") or {})
     notes = [f"- {name}: skipped — {reason}" for name, reason in results["skipped"].items()]
     notes += [f"- {name}: FAILED — {reason}" for name, reason in results.get("failed", {}).items()]
     notes += [f"- {note}" for note in results["notes"]]
@@ -274,12 +275,39 @@ def triton_section(run: Mapping[str, Any]) -> list[str]:
                          *(_ratios(row, side, key) for key in ("pieces_per_second", "p50_ms", "p99_ms",
                                                                "server_cpu_ms_per_piece"))]
                 lines.append("| " + " | ".join(cells) + " |")
-    differences = [f"{model['model']} at {count}: {other} {value:.2g}" for model in run["models"].values()
-                   for count, row in model["sessions"].items()
-                   for other, value in row["answers_max_abs_difference"].items() if value is not None]
+    differences = []
+    for model in run["models"].values():
+        values = [value for row in model["sessions"].values()
+                  for value in row["answers_max_abs_difference"].values() if value is not None]
+        if values:
+            differences.append(f"{model['model']} {max(values):.2g}")
     if differences:
-        lines += ["", "Answers, max |rtserve - Triton| over each session's last piece (forecast or class "
-                  "probabilities): " + "; ".join(differences) + "."]
+        lines += ["", "Answers, max |rtserve - Triton| over each session's last piece, every session count and "
+                  "configuration (the forecast; the class probabilities): " + ", ".join(differences) + "."]
+    return lines
+
+
+def sweep_section(run: Mapping[str, Any]) -> list[str]:
+    """The capacity sweep's table: per model and session count, and each model's capacity."""
+    models = {task: model for task, model in (run.get("models") or {}).items() if "levels" in model}
+    if not models:
+        return []
+    lines = ["", "## Capacity sweep (rtserve over HTTP, closed loop)", "",
+             f"{run['client_processes']} client processes. Capacity: the most pieces/s with p99 under 250 ms. "
+             "`*`: the client was the limit (see the notes).", "",
+             "| model | sessions | pieces/s | p50 ms | p99 ms | mean batch | client CPU share |",
+             "|---|---|---|---|---|---|---|"]
+    for model in models.values():
+        for count, row in model["levels"].items():
+            star = "*" if row.get("client_limited") else ""
+            lines.append(f"| {model['model']} | {count} | {row['pieces_per_second']:.4g}{star} | {row['p50_ms']:.3g} "
+                         f"| {row['p99_ms']:.3g} | {row['mean_batch_size']:.3g} | {row['client_cpu_share']:.0%} |")
+    lines.append("")
+    for model in models.values():
+        best = model["capacity"]
+        lines.append(f"- capacity of {model['model']}: " + (
+            f"{best['pieces_per_second']:.4g} pieces/s at {best['sessions']} sessions" if best
+            else "no count kept p99 under 250 ms"))
     return lines
 
 

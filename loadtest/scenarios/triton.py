@@ -75,15 +75,17 @@ class Side:
         return self.name.startswith("rtserve")
 
 
-def sessions_for(bench: Bench, task: str, count: int) -> list[SessionInput]:
+def sessions_for(bench: Bench, task: str, count: int, pieces: int | None = None) -> list[SessionInput]:
+    """RMT: documents cut into ``pieces`` one-segment pieces (default ``counts.pieces``); RSA: ETTh1 rows, the
+    look-back then ``pieces`` more (default ``counts.triton_rsa_extra_pieces``)."""
     entry, manifest = bench.entry(task)
     if task == "classify":
         return inputs.classify_sessions(entry, manifest, inputs.hyperpartisan_texts(bench.data), count,
-                                        bench.counts.pieces)
+                                        pieces or bench.counts.pieces)
     settings = manifest["settings"]
     values = inputs.etth1_values(bench.data, list(settings["variables"]))
     return inputs.forecast_sessions(values, int(settings["lookback"]), count, bench.counts.rsa_piece_rows,
-                                    bench.counts.triton_rsa_extra_pieces)
+                                    pieces or bench.counts.triton_rsa_extra_pieces)
 
 
 def answer_vector(task: str, side: Side, answer: Any) -> np.ndarray | None:

@@ -1,5 +1,6 @@
-"""`rtserve bench --only triton`: rtserve beside Triton's sequence batcher on the same step graph, one client for
-both; skipped, saying why, without the peer venv (`make peers`)."""
+"""The bench's closed-loop scenarios: `rtserve bench --only triton` (rtserve beside Triton's sequence batcher on the
+same step graph, one client for both; skipped, saying why, without the peer venv: `make peers`) and
+`rtserve bench --only sweep` (capacity over rising session counts)."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from loadtest.closed_loop import Run, Target, client_limit, in_session_order, triton_body
+from loadtest.scenarios.sweep import capacity
 from loadtest.triton.repository import write_model
 from loadtest.triton.server import find_triton
 
@@ -32,11 +34,12 @@ def synthetic_ett(folder: Path, variables: list[str], rows: int = 2000) -> Path:
     return folder
 
 
-def run_bench(repository: Path, data: Path, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+def run_bench(repository: Path, data: Path, out: Path, only: str,
+              *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")}
     env |= {"RTSERVE_INTRA_OP_THREADS": "1", "RTSERVE_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "rtserve.cli", "bench", "--quick", "--only", "triton", "--model-repository",
+        [sys.executable, "-m", "rtserve.cli", "bench", "--quick", "--only", only, "--model-repository",
          str(repository), "--data", str(data), "--out-json", str(out / "bench.json"), "--out-md",
          str(out / "bench.md"), "--client-processes", "2", *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
@@ -61,7 +64,7 @@ def test_the_triton_side_says_why_it_cannot_run_and_how_to_get_it(tmp_path):
 def test_bench_without_the_triton_venv_skips_that_side_and_exits_0(forecast_repository, tmp_path):
     repository = forecast_repository[0]
     data = synthetic_ett(tmp_path / "data", forecast_variables(repository))
-    result, out_json = run_bench(repository, data, tmp_path, "--triton-venv", str(tmp_path / "no-venv"))
+    result, out_json = run_bench(repository, data, tmp_path, "triton", "--triton-venv", str(tmp_path / "no-venv"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out_json.read_text())
     assert "triton" not in report["scenarios"] and report["failed"] == {}
@@ -76,7 +79,7 @@ def test_triton_serves_the_same_step_graph_and_both_sides_are_reported(forecast_
     """A tiny RSA at 1 and 2 sessions: both servers measured, and Triton's forecasts equal rtserve's."""
     repository = forecast_repository[0]
     data = synthetic_ett(tmp_path / "data", forecast_variables(repository))
-    result, out_json = run_bench(repository, data, tmp_path, "--triton-venv", str(PEER_VENV))
+    result, out_json = run_bench(repository, data, tmp_path, "triton", "--triton-venv", str(PEER_VENV))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out_json.read_text())
     triton = report["scenarios"]["triton"]
@@ -154,3 +157,28 @@ def test_the_triton_model_of_an_entry_declares_its_piece_and_answer_tensors(tmp_
     assert "max_queue_delay_microseconds: 5000" in config and "max_batch_size: 32" in config
     assert 'key: "intra_op_threads" value: { string_value: "1" }' in config  # the manifest's, as rtserve's rule
     assert (tmp_path / "rsa-x-5ms" / "1" / "model.py").exists()
+
+
+@pytest.mark.slow
+def test_sweep_reports_every_count_with_the_engines_mean_batch_and_the_capacity(forecast_repository, tmp_path):
+    repository = forecast_repository[0]
+    data = synthetic_ett(tmp_path / "data", forecast_variables(repository))
+    result, out_json = run_bench(repository, data, tmp_path, "sweep")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    sweep = json.loads(out_json.read_text())["scenarios"]["sweep"]
+    model = sweep["models"]["forecast"]
+    assert "skipped" in sweep["models"]["classify"]  # no RMT in this repository
+    assert list(model["levels"])[0] == "1"
+    for count, row in model["levels"].items():
+        assert row["pieces"] == int(count) * model["pieces_per_session"]
+        assert 1 <= row["mean_batch_size"] <= int(count) and 0 < row["client_cpu_share"] <= 1
+        assert row["pieces_per_second"] > 0 and row["p50_ms"] <= row["p99_ms"]
+    assert model["capacity"] is None or model["capacity"]["sessions"] in sweep["counts"]
+    assert "Capacity sweep" in (tmp_path / "bench.md").read_text()
+
+
+def test_capacity_is_the_highest_rate_whose_p99_stays_under_the_bound():
+    levels = {"1": {"pieces_per_second": 100.0, "p99_ms": 5.0}, "8": {"pieces_per_second": 400.0, "p99_ms": 90.0},
+              "32": {"pieces_per_second": 450.0, "p99_ms": 300.0}}
+    assert capacity(levels) == {"pieces_per_second": 400.0, "sessions": 8, "p99_bound_ms": 250.0}
+    assert capacity({"1": {"pieces_per_second": 1.0, "p99_ms": 900.0}}) is None
