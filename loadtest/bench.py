@@ -49,6 +49,12 @@ Protocol
      service's server CPU per piece over the floor's (:mod:`loadtest.bench_floor`).
    - ``gpu``: where NVML sees a GPU, per model: segments/s and J/segment at 1 and 32 sessions
      from NVML's energy counter (:mod:`loadtest.bench_gpu`); skipped, saying so, elsewhere.
+   - ``triton``: rtserve beside Triton 2.51's sequence batcher serving the same ``step.onnx`` (RSA rows, RMT
+     text), one multi-process closed-loop client for both, at 1, 16 and 32 sessions: pieces/s, p50/p99, each
+     server's CPU per piece and the client's, ratios (:mod:`loadtest.scenarios.triton`); skipped, saying why and
+     how to get it (``make peers``), without the peer venv (``--triton-venv``).
+   - ``sweep`` (only when asked for): rtserve's capacity per model over rising session counts
+     (:mod:`loadtest.scenarios.sweep`).
 
    CPU: for ``articles``, ``decode`` and ``rsa``, each timed run also records the CPU time the service
    spent in it (its process tree and the bench's Redis, from each process's kernel CPU clock) and this

@@ -182,3 +182,93 @@ def test_capacity_is_the_highest_rate_whose_p99_stays_under_the_bound():
               "32": {"pieces_per_second": 450.0, "p99_ms": 300.0}}
     assert capacity(levels) == {"pieces_per_second": 400.0, "sessions": 8, "p99_bound_ms": 250.0}
     assert capacity({"1": {"pieces_per_second": 1.0, "p99_ms": 900.0}}) is None
+
+
+class FakeSessionStream:
+    """A stand-in rtserve (aiohttp, in a thread) that speaks the session stream's protocol, or lacks the route."""
+
+    def __init__(self, with_stream: bool) -> None:
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        self.frames: list[dict] = []
+        self.deleted: list[str] = []
+        app = web.Application()
+        app.router.add_post("/sessions", self.create)
+        app.router.add_post("/sessions/{id}/finish", self.finish)
+        app.router.add_delete("/sessions/{id}", self.delete)
+        if with_stream:
+            app.router.add_get("/sessions/{id}/stream", self.stream)
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def create(self, request):
+        from aiohttp import web
+
+        return web.json_response({"id": f"s{len(self.deleted)}-{id(request)}"}, status=201)
+
+    async def finish(self, request):
+        from aiohttp import web
+
+        return web.json_response({"result": {}})
+
+    async def delete(self, request):
+        from aiohttp import web
+
+        self.deleted.append(request.match_info["id"])
+        return web.Response(status=204)
+
+    async def stream(self, request):
+        from aiohttp import web
+
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_json({"event": "open", "session": {"id": request.match_info["id"], "seq": 0}})
+        seq = 0
+        async for message in ws:
+            frame = json.loads(message.data)
+            self.frames.append(frame)
+            if "finish" in frame:
+                await ws.send_json({"session": {"seq": seq}, "result": {}})
+            elif frame["seq"] != seq + 1:
+                await ws.send_json({"event": "error", "data": {"expected_seq": seq + 1}, "status": 409})
+            else:
+                seq += 1
+                await ws.send_json({"session": {"seq": seq, "segments": seq}, "replayed": False,
+                                    "result": {"forecast": [[float(seq)]]}})
+        return ws
+
+    def close(self):
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_the_session_stream_sends_piece_frames_in_order_and_finishes_or_says_it_is_not_served():
+    from loadtest.closed_loop import ClientPool
+
+    pieces = [[json.dumps({"seq": k, "rows": [[1.0]]}).encode() for k in (1, 2, 3)] for _ in range(3)]
+    pool = ClientPool(2)
+    served, missing = FakeSessionStream(with_stream=True), FakeSessionStream(with_stream=False)
+    try:
+        run = pool.run(Target("rtserve-ws", served.url, "m:1"), pieces, lambda: 0.0, keep_answers=True)
+        assert run.unavailable is None and run.errors == [] and run.pieces == 9 and run.processes == 2
+        assert [frame for frame in served.frames if "finish" in frame] == [{"finish": {}}] * 3
+        assert [answer["session"]["seq"] for answer in run.answers] == [3, 3, 3] and len(served.deleted) == 3
+        run = pool.run(Target("rtserve-ws", missing.url, "m:1"), pieces, lambda: 0.0)
+        assert run.unavailable.startswith("not served by this rtserve (HTTP 404") and run.pieces == 0
+        assert len(missing.deleted) == 3  # the sessions it opened are deleted all the same
+    finally:
+        pool.close()
+        served.close()
+        missing.close()
