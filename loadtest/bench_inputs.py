@@ -125,15 +125,24 @@ def text_session(pieces: list[str]) -> SessionInput:
     return SessionInput([piece_body(seq, "text", piece) for seq, piece in enumerate(pieces, start=1)])
 
 
+def window_sessions(
+    entry: Path, manifest: Mapping[str, Any], sessions: int, documents: int, text_of: Callable[[int, int], str],
+    count_of: Callable[[int, int], int],
+) -> list[SessionInput]:
+    """Summarization sessions whose pieces each close one encoder window (one ``encode_window`` step): document
+    ``index`` is ``text_of(index, count)``, cut into ``count = count_of(the model's windows, sessions kept)``."""
+    cutter, windows = window_cutter(entry, manifest)
+    cuts = first_whole_cuts(cutter, documents, text_of, lambda kept: count_of(windows, kept), sessions,
+                            "whole encoder windows")
+    return [text_session(cut) for cut, _ in cuts]
+
+
 def summarize_sessions(
     entry: Path, manifest: Mapping[str, Any], texts: list[str], sessions: int, pieces: int
 ) -> list[SessionInput]:
-    """Summarization sessions whose pieces each close one encoder window (one ``encode_window`` step)."""
-    cutter, windows = window_cutter(entry, manifest)
-    count = min(pieces, windows)
-    cuts = first_whole_cuts(cutter, len(texts), lambda index, _: texts[index], lambda _: count, sessions,
-                            f"{count} encoder windows")
-    return [text_session(cut) for cut, _ in cuts]
+    """Articles cut into ``pieces`` pieces (at most the windows the model reads), each closing one encoder window."""
+    return window_sessions(entry, manifest, sessions, len(texts), lambda index, _: texts[index],
+                           lambda windows, _: min(pieces, windows))
 
 
 def decode_sessions(
@@ -143,12 +152,9 @@ def decode_sessions(
     whose pieces close every window, so that a finish encodes at most a few trailing tokens and is,
     in the main, the summary's decoding. Document ``i`` is article ``i`` followed by the next ones,
     as far as its windows reach (most BBC articles are shorter than one window)."""
-    cutter, windows = window_cutter(entry, manifest)
-    cuts = first_whole_cuts(
-        cutter, len(texts),
-        lambda start, count: "\n\n".join(texts[start : start + 4 * count]),  # consecutive articles: long enough
-        lambda kept: 1 + kept % max(windows, 1), sessions, "whole encoder windows")
-    return [text_session(cut) for cut, _ in cuts]
+    return window_sessions(entry, manifest, sessions, len(texts),
+                           lambda start, count: "\n\n".join(texts[start : start + 4 * count]),  # long enough
+                           lambda windows, kept: 1 + kept % max(windows, 1))
 
 
 def forecast_sessions(
