@@ -3,6 +3,7 @@
 #   PYTHON=python3.11   interpreter used to create .venv
 #   ORT=cpu|gpu         ONNX Runtime build: onnxruntime (default) or onnxruntime-gpu
 #   PORT=8000           port for `make serve` (same as RTSERVE_PORT)
+#   PEERS=.venv-peers   the Triton peer's venv for `rtserve bench --only triton` (`make peers`)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
@@ -10,8 +11,10 @@ ORT    ?= cpu
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.rtserve-installed-$(ORT)
 PORT   ?=
+PEERS  ?= .venv-peers
+PEERS_STAMP := $(PEERS)/.rtserve-peers-installed
 
-.PHONY: install serve test lint bench model-repository clean
+.PHONY: install serve test lint bench peers model-repository clean
 
 # Create the venv if missing and install rtserve (editable) with one ONNX Runtime build.
 $(STAMP): pyproject.toml
@@ -38,6 +41,23 @@ serve: $(STAMP) model-repository
 bench: $(STAMP) model-repository
 	$(BIN)/rtserve bench $(BENCH_ARGS)
 
+# The Triton peer of `rtserve bench --only triton`: Triton 2.51's CPU tritonserver and python backend from
+# nvidia-pytriton 0.7.0, tritonclient 2.50.0 (its wheel ships perf_analyzer), ONNX Runtime, safetensors and
+# tokenizers, in a venv of their own: nvidia-pytriton and tritonclient 2.50 need numpy<2, rtserve pins numpy 2.
+# The python backend's stub for this Python goes beside libtriton_python.so, as pytriton does before a start.
+$(PEERS_STAMP): Makefile
+	@test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/bin/python -m pip install --quiet nvidia-pytriton==0.7.0 "tritonclient[grpc,http]==2.50.0" \
+		onnxruntime==1.31.1 safetensors==0.8.0 tokenizers==0.23.3 "numpy<2"
+	@site="$$($(PEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	version="$$($(PEERS)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')"; \
+	cp "$$site/pytriton/tritonserver/python_backend_stubs/$$version/triton_python_backend_stub" \
+		"$$site/pytriton/tritonserver/backends/python/"
+	@touch $@
+
+peers: $(PEERS_STAMP)
+
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
@@ -45,4 +65,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) model_repository .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PEERS) model_repository .pytest_cache .ruff_cache

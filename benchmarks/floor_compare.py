@@ -33,7 +33,7 @@ PIECE_ROWS, EXTRA_PIECES, SESSIONS = 24, 12, 32
 
 async def cpu_per_piece(client: Any, cpu: Any, model: str, sessions: list[Any], concurrent: bool) -> float:
     """Server CPU ms per piece over every piece of ``sessions``; sessions opened before and closed after."""
-    from loadtest.bench import close_session, open_session, send_pieces
+    from loadtest.sessions import close_session, open_session, send_pieces
 
     ids = [await open_session(client, model) for _ in sessions]
     await asyncio.sleep(0.05)
@@ -52,8 +52,8 @@ async def compare(options: argparse.Namespace) -> None:
     import psutil
 
     from loadtest import bench_inputs as inputs
-    from loadtest.bench import HOST, Client, Server, free_port, server_environment
-    from loadtest.bench_floor import floor_command, tree_cpu_seconds
+    from loadtest.bench_floor import floor_command
+    from loadtest.harness import HOST, Client, Server, free_port, server_environment, tree_cpu_seconds
     from service.embedded_redis import EmbeddedRedis
 
     repository = options.model_repository.resolve()

@@ -30,8 +30,7 @@ async def measure(options: argparse.Namespace) -> dict[str, float]:
     import psutil
 
     from loadtest import bench_inputs as inputs
-    from loadtest.bench import Client, Server, free_port
-    from loadtest.bench_floor import process_cpu_seconds
+    from loadtest.harness import Client, Server, free_port, process_cpu_seconds
     from service.embedded_redis import EmbeddedRedis
 
     repository = options.model_repository.resolve()

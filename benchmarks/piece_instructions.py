@@ -53,7 +53,8 @@ def counted_instructions(out_file: Path) -> int:
 
 async def count_side(url: str, pid: int, model: str, pieces: list[bytes], counted: int) -> None:
     """One session: WARM_PIECES pieces, then ``counted`` more while callgrind counts; each after the last answer."""
-    from loadtest.bench import Client, close_session, open_session
+    from loadtest.harness import Client
+    from loadtest.sessions import close_session, open_session
 
     client = Client(url, None, 2, 2.0)
     session_id = await open_session(client, model)
@@ -96,8 +97,8 @@ def main() -> None:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind (callgrind) is not installed")
 
-    from loadtest.bench import Client, Server, free_port, server_environment
     from loadtest.bench_floor import floor_command
+    from loadtest.harness import Client, Server, free_port, server_environment
     from service.embedded_redis import EmbeddedRedis
 
     model, pieces = one_session(options.model_repository, options.data, options.pieces)

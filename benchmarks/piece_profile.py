@@ -99,8 +99,8 @@ def main_thread_cpu_seconds(pid: int) -> float:
 async def drive(url: str, task: str, sessions_count: int, repository: Path, data: Path, rounds: int,
                 pid: int, spy_out: Path, rate: int) -> tuple[Counter[str], float, float, int]:
     from loadtest import bench_inputs as inputs
-    from loadtest.bench import Client, close_session, open_session, send_pieces
-    from loadtest.bench_floor import tree_cpu_seconds
+    from loadtest.harness import Client, tree_cpu_seconds
+    from loadtest.sessions import close_session, open_session, send_pieces
 
     client = Client(url, None, sessions_count + 4, 2.0)
     models = await client.models()
@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=200, help="samples per second per thread")
     options = parser.parse_args()
 
-    from loadtest.bench import Server, free_port
+    from loadtest.harness import Server, free_port
     from service.embedded_redis import EmbeddedRedis
 
     folder = Path(tempfile.mkdtemp(prefix="rtserve-profile-"))
@@ -167,7 +167,7 @@ def main() -> None:
     with EmbeddedRedis() as redis:
         server = Server.rtserve(options.model_repository, port, folder / "server.log", redis.url)
         try:
-            from loadtest.bench import Client
+            from loadtest.harness import Client
 
             async def ready() -> None:
                 client = Client(server.url, None, 2, 2.0)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/step_batch_rates.py [--batches 4,8,16,32] [--repeats 3] [--model-repository ...]
 
-Method: the bench's offline steps (``loadtest.bench.OfflineSteps``: the entry's ``step`` graph loaded with the
+Method: the bench's offline steps (``loadtest.offline.OfflineSteps``: the entry's ``step`` graph loaded with the
 service's backend and thread settings, no HTTP, no Redis): the bench's classify sessions of 4 one-segment pieces,
 step k of every session stacked into one batch. Each repeat runs every batch size in turn; printed: segments/s
 per batch size, per repeat and the median.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     from loadtest import bench_inputs as inputs
-    from loadtest.bench import OfflineSteps
+    from loadtest.offline import OfflineSteps
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=lambda text: [int(n) for n in text.split(",")], default=[4, 8, 16, 32])

@@ -1,5 +1,11 @@
 """``rtserve bench``: the serving benchmark, one run on whatever machine it runs on.
 
+This module is the command: its options, starting the servers, running the chosen scenarios and writing the
+report. The parts: :mod:`loadtest.harness` (a server in a subprocess, the HTTP client, CPU clocks),
+:mod:`loadtest.metrics` (``/metrics`` deltas), :mod:`loadtest.sessions` (driving sessions),
+:mod:`loadtest.offline` (the step graph alone), :mod:`loadtest.bench_inputs` (the prepared pieces),
+:mod:`loadtest.scenarios` (one module per group of scenarios) and :mod:`loadtest.bench_report` (JSON, markdown).
+
 Protocol
 --------
 1. Start an embedded Redis (the bench's own: ``RTSERVE_REDIS_URL`` of the caller is replaced), then the
@@ -43,6 +49,12 @@ Protocol
      service's server CPU per piece over the floor's (:mod:`loadtest.bench_floor`).
    - ``gpu``: where NVML sees a GPU, per model: segments/s and J/segment at 1 and 32 sessions
      from NVML's energy counter (:mod:`loadtest.bench_gpu`); skipped, saying so, elsewhere.
+   - ``triton``: rtserve beside Triton 2.51's sequence batcher serving the same ``step.onnx`` (RSA rows, RMT
+     text), one multi-process closed-loop client for both, at 1, 16 and 32 sessions: pieces/s, p50/p99, each
+     server's CPU per piece and the client's, ratios (:mod:`loadtest.scenarios.triton`); skipped, saying why and
+     how to get it (``make peers``), without the peer venv (``--triton-venv``).
+   - ``sweep`` (only when asked for): rtserve's capacity per model over rising session counts
+     (:mod:`loadtest.scenarios.sweep`).
 
    CPU: for ``articles``, ``decode`` and ``rsa``, each timed run also records the CPU time the service
    spent in it (its process tree and the bench's Redis, from each process's kernel CPU clock) and this
@@ -69,720 +81,46 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 
-from loadtest import bench_inputs as inputs
-from loadtest.bench_floor import Side, compare, floor_command, floor_sessions, tree_cpu_seconds
-from loadtest.bench_gpu import EnergyMeter, energy_rates
-from loadtest.bench_inputs import SessionInput
+from loadtest.bench_floor import Side, floor_command
+from loadtest.bench_gpu import EnergyMeter
 from loadtest.bench_report import check_targets, machine_info, machine_slug, write_reports
+from loadtest.harness import (
+    HOST,
+    BenchError,
+    Client,
+    Server,
+    Stopwatch,
+    free_port,
+    server_environment,
+    tree_cpu_seconds,
+)
+from loadtest.metrics import SEGMENT_ROUTE_REDIS_OPERATIONS
+from loadtest.scenarios.classify import CLASSIFY_SCENARIOS, run_classify_scenarios
+from loadtest.scenarios.common import QUICK, Bench, Counts, attempt, why_not
+from loadtest.scenarios.floor import FLOOR_KEEP_ALIVE_SECONDS, FLOOR_TASKS, run_floor
+from loadtest.scenarios.forecast import run_rsa
+from loadtest.scenarios.gpu import run_gpu
+from loadtest.scenarios.summarize import run_articles, run_decode
+from loadtest.scenarios.sweep import run_sweep, sweep_notes
+from loadtest.scenarios.triton import PER_PIECE, client_limited_notes, run_triton, unavailable_reason
+from loadtest.triton.server import VENV_VARIABLE
 
 log = logging.getLogger("rtserve.bench")
 
-SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor", "gpu")
-SEGMENT_ROUTE = "/sessions/{session_id}/segments"
-SEGMENT_ROUTE_REDIS_OPERATIONS = ("begin", "commit")
-HOST = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class Counts:
-    """How much each scenario sends."""
-
-    e2e_sessions: int = 4  # one after another, `pieces` one-segment pieces each
-    pieces: int = 8  # pieces per classify session (one segment each)
-    sessions: tuple[int, ...] = (16, 32)  # concurrent classify sessions
-    articles: int = 32
-    article_chars: int | None = None  # None: whole articles
-    rsa_sessions: int = 32
-    rsa_piece_rows: int = 24
-    rsa_extra_pieces: int = 4  # pieces after the look-back is filled, each answered with a forecast
-    gpu_sessions: int = 32
-    floor_sessions: int = 32  # the floor comparison: at 1 session (each in turn) and at this many at once
-    floor_rsa_extra_pieces: int = 12  # more pieces per RSA session than `rsa`: CPU is read in 10 ms ticks
-    settle_seconds: float = 0.2  # pause before each timed run: ONNX Runtime's idle threads stop spinning
-
-
-# a smoke test of the instrument, not a measurement
-QUICK = Counts(e2e_sessions=1, pieces=2, sessions=(2, 4), articles=2, article_chars=400, rsa_sessions=3,
-               rsa_piece_rows=8, rsa_extra_pieces=1, gpu_sessions=4, floor_sessions=3, floor_rsa_extra_pieces=1,
-               settle_seconds=0.01)
-
-
-class BenchError(RuntimeError):
-    """The run cannot measure what it claims to (a failed request, a piece that did not step once)."""
-
-
-@dataclass(frozen=True)
-class Span:
-    """A timed run: its wall time and the CPU time spent in it by the service and by this client."""
-
-    seconds: float
-    server_cpu_seconds: float  # the service's process and its children (the embedded Redis)
-    client_cpu_seconds: float
-
-
-class Stopwatch:
-    """Wall time plus the CPU time of the service (its process tree and the bench's Redis) and of this process
-    (the client)."""
-
-    def __init__(self, server_pid: int, redis_pid: int | None) -> None:
-        self.server = psutil.Process(server_pid)
-        self.redis = psutil.Process(redis_pid) if redis_pid is not None else None
-
-    def service_cpu(self) -> float:
-        """The service's own processes: every front end and engine, not Redis."""
-        return tree_cpu_seconds(self.server)
-
-    def redis_cpu(self) -> float:
-        return tree_cpu_seconds(self.redis) if self.redis is not None else 0.0
-
-    def _server_cpu(self) -> float:
-        return self.service_cpu() + self.redis_cpu()
-
-    def start(self) -> tuple[float, float, float]:
-        return time.perf_counter(), self._server_cpu(), time.process_time()
-
-    def stop(self, started: tuple[float, float, float]) -> Span:
-        wall, server, client = started
-        return Span(time.perf_counter() - wall, self._server_cpu() - server, time.process_time() - client)
-
-
-# ---- the service under test ----------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-def server_environment(repository: Path, port: int, redis_url: str) -> dict[str, str]:
-    """The caller's environment, the bench's embedded Redis, this repository and port; the code beside this file
-    first."""
-    env = dict(os.environ)
-    env.update(RTSERVE_MODEL_REPOSITORY=str(repository), RTSERVE_HOST=HOST, RTSERVE_PORT=str(port),
-               RTSERVE_REDIS_URL=redis_url)
-    source_root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
-    return env
-
-
-class Server:
-    """A server under test in a subprocess (``rtserve serve``, or the floor server), its output in a log file."""
-
-    def __init__(self, command: list[str], env: dict[str, str], port: int, log_path: Path) -> None:
-        self.url = f"http://{HOST}:{port}"
-        self.log_path = log_path
-        self._log = open(log_path, "w")  # closed in stop()
-        self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-
-    @classmethod
-    def rtserve(cls, repository: Path, port: int, log_path: Path, redis_url: str) -> Server:
-        return cls([sys.executable, "-m", "rtserve.cli", "serve", "--host", HOST, "--port", str(port)],
-                   server_environment(repository, port, redis_url), port, log_path)
-
-    def log_tail(self, characters: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-characters:]
-
-    async def wait_ready(self, client: Client, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        reason = "no answer"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchError(f"the service exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                status, content = await client.get("/readyz")
-                if status == 200:
-                    return
-                reason = content.decode(errors="replace")
-            except Exception as error:  # not listening yet
-                reason = f"{type(error).__name__}: {error}"
-            await asyncio.sleep(0.2)
-        raise BenchError(f"the service was not ready within {timeout:.0f} s ({reason}):\n{self.log_tail()}")
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-        return self.process.returncode
-
-
-# ---- the client ----------------------------------------------------------------------------------
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-class Client:
-    """Keep-alive HTTP client (aiohttp); bodies are bytes prepared beforehand, answers are checked.
-
-    aiohttp rather than httpx (the project's own client): the bench shares the CPU with the service it
-    measures, and httpx spent 1.5-1.9 ms of CPU per request here against aiohttp's 0.3 (docs/serving.md).
-    """
-
-    def __init__(self, base_url: str, api_key: str | None, connections: int, keep_alive_seconds: float) -> None:
-        """``keep_alive_seconds``: how long an idle connection is kept; below the service's own keep-alive
-        timeout, so that a connection is never reused just as the service closes it."""
-        import aiohttp
-
-        headers = {"content-type": "application/json"} | ({"x-api-key": api_key} if api_key else {})
-        self.http = aiohttp.ClientSession(
-            base_url, headers=headers, timeout=aiohttp.ClientTimeout(total=600.0),
-            connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=keep_alive_seconds),
-        )
-
-    async def get(self, path: str) -> tuple[int, bytes]:
-        """Status and body, whatever the status."""
-        async with self.http.get(path) as answer:
-            return answer.status, await answer.read()
-
-    async def _ok(self, method: str, path: str, body: bytes | None = None) -> bytes:
-        """The body of an answer below 400; any other is a failed request (:class:`BenchError`)."""
-        async with self.http.request(method, path, data=body) as answer:
-            content = await answer.read()
-            if answer.status >= 400:
-                raise BenchError(f"{method} {path} answered {answer.status}: {content[:500].decode(errors='replace')}")
-            return content
-
-    async def post(self, path: str, body: bytes = b"{}") -> dict[str, Any]:
-        return json.loads(await self._ok("POST", path, body))
-
-    async def delete(self, path: str) -> None:
-        await self._ok("DELETE", path)
-
-    async def models(self) -> list[dict[str, Any]]:
-        return json.loads(await self._ok("GET", "/models"))
-
-    async def metrics(self) -> Samples:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = (await self._ok("GET", "/metrics")).decode()
-        return {
-            (sample.name, frozenset(sample.labels.items())): float(sample.value)
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
-
-    async def close(self) -> None:
-        await self.http.close()
-
-
-def metric_delta(before: Samples, after: Samples) -> Samples:
-    return {key: value - before.get(key, 0.0) for key, value in after.items()}
-
-
-def add_delta(total: Samples, delta: Samples) -> None:
-    for key, value in delta.items():
-        total[key] = total.get(key, 0.0) + value
-
-
-def metric_sum(samples: Samples, name: str, **labels: str) -> float:
-    """Sum of the samples named ``name`` whose labels include ``labels``."""
-    wanted = set(labels.items())
-    return sum(value for (sample, tags), value in samples.items() if sample == name and wanted <= tags)
-
-
-def redis_share(delta: Samples) -> dict[str, Any]:
-    route_seconds = metric_sum(delta, "rtserve_request_duration_seconds_sum", route=SEGMENT_ROUTE)
-    by_operation = {
-        operation: metric_sum(delta, "rtserve_redis_operation_duration_seconds_sum", operation=operation)
-        for operation in SEGMENT_ROUTE_REDIS_OPERATIONS
-    }
-    if route_seconds <= 0:
-        raise BenchError(f"no time recorded on {SEGMENT_ROUTE} in /metrics")
-    return {
-        "share": sum(by_operation.values()) / route_seconds,
-        "segment_route_seconds": route_seconds,
-        "redis_seconds_by_operation": by_operation,
-        "not_timed": "safetensors encoding/decoding of the state; lock waits of contended pieces (none here)",
-    }
-
-
-def histogram_mean(delta: Samples, name: str, **labels: str) -> float:
-    count = metric_sum(delta, f"{name}_count", **labels)
-    if count <= 0:
-        raise BenchError(f"{name} recorded nothing for {labels}")
-    return metric_sum(delta, f"{name}_sum", **labels) / count
-
-
-# ---- driving sessions ----------------------------------------------------------------------------
-@dataclass
-class PiecesRun:
-    """One served run: every session's pieces, timed from the first piece sent to the last answer."""
-
-    wall_seconds: float
-    piece_seconds: list[float]
-    steps: int
-    client_cpu_seconds: float
-
-
-async def open_session(client: Client, model: str) -> str:
-    created = await client.post("/sessions", json.dumps({"model": model}).encode())
-    return str(created["id"])
-
-
-async def close_session(client: Client, session_id: str) -> None:
-    await client.post(f"/sessions/{session_id}/finish")
-    await client.delete(f"/sessions/{session_id}")
-
-
-async def send_pieces(client: Client, session_id: str, session: SessionInput, first: int = 1) -> list[float]:
-    """Each piece after the previous answer; every piece must apply exactly one step. ``first``: the ``seq`` of
-    the first piece (``session`` holding the rest of a session's pieces from there)."""
-    path = f"/sessions/{session_id}/segments"
-    latencies = []
-    for seq, body in enumerate(session.pieces, start=first):
-        started = time.perf_counter()
-        answer = await client.post(path, body)
-        latencies.append(time.perf_counter() - started)
-        if answer["session"]["segments"] != seq:
-            raise BenchError(f"piece {seq} left the session at {answer['session']['segments']} steps, not {seq}: "
-                             "the pieces no longer match the model's segments")
-    return latencies
-
-
-async def served_pieces(
-    client: Client, model: str, sessions: Sequence[SessionInput], metrics: Samples | None = None,
-) -> PiecesRun:
-    """Open every session, send all their pieces concurrently (timed), then finish and delete them.
-
-    ``metrics``, when given, accumulates the ``/metrics`` delta of the pieces alone (scraped just
-    before the first piece and just after the last answer, outside the timed span).
-    """
-    ids = await asyncio.gather(*(open_session(client, model) for _ in sessions))
-    before = await client.metrics() if metrics is not None else {}
-    cpu_before, started = time.process_time(), time.perf_counter()
-    latencies = await asyncio.gather(*(send_pieces(client, i, s) for i, s in zip(ids, sessions, strict=True)))
-    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_before
-    if metrics is not None:
-        add_delta(metrics, metric_delta(before, await client.metrics()))
-    await asyncio.gather(*(close_session(client, session_id) for session_id in ids))
-    flat = [seconds for per_session in latencies for seconds in per_session]
-    return PiecesRun(wall, flat, len(flat), cpu)
-
-
-async def whole_session(client: Client, model: str, session: SessionInput) -> float:
-    """Create -> every piece -> finish, timed; the session is deleted afterwards, untimed."""
-    started = time.perf_counter()
-    session_id = await open_session(client, model)
-    await send_pieces(client, session_id, session)
-    await client.post(f"/sessions/{session_id}/finish")
-    seconds = time.perf_counter() - started
-    await client.delete(f"/sessions/{session_id}")
-    return seconds
-
-
-# ---- the step graph alone, in this process ---------------------------------------------------------
-class OfflineSteps:
-    """The RMT entry's ``step`` graph loaded here with the service's backend, device, precision and thread
-    settings."""
-
-    def __init__(self, entry: Path, manifest: Mapping[str, Any], model: Mapping[str, Any], threads: int,
-                 spinning: bool) -> None:
-        from service.runtime.backends import load_backends
-        from service.runtime.pipeline import load_initial_state
-
-        self.step = load_backends(entry, manifest, model["backend"], threads, model.get("device", "cpu"),
-                                  model.get("precision", "fp32"), spinning=spinning)["step"]
-        self.memory = load_initial_state(entry)["memory"]  # (1, m, d)
-
-    def _run(self, memory: np.ndarray, segments: list[inputs.Segment]) -> np.ndarray:
-        ids = np.stack([segment[0] for segment in segments])
-        mask = np.stack([segment[1] for segment in segments])
-        return self.step.run({"memory": memory, "input_ids": ids, "attention_mask": mask})["next_memory"]
-
-    def batch_one_seconds(self, sessions: Sequence[SessionInput]) -> list[float]:
-        """Each session's segments one step at a time, memory carried; the time of every step."""
-        times = []
-        for session in sessions:
-            memory = self.memory
-            for segment in session.segments:
-                started = time.perf_counter()
-                memory = self._run(memory, [segment])
-                times.append(time.perf_counter() - started)
-        return times
-
-    def batched_seconds(self, sessions: Sequence[SessionInput]) -> float:
-        """Step k of every session stacked into one batch, for every k; the total time."""
-        memory = np.repeat(self.memory, len(sessions), axis=0)
-        started = time.perf_counter()
-        for k in range(len(sessions[0].segments)):
-            memory = self._run(memory, [session.segments[k] for session in sessions])
-        return time.perf_counter() - started
-
-
-# ---- scenarios -----------------------------------------------------------------------------------
-@dataclass
-class Bench:
-    client: Client
-    repository: Path
-    data: Path
-    counts: Counts
-    repeats: int
-    intra_op_threads: int
-    intra_op_spinning: bool
-    models: dict[str, dict[str, Any]]  # task -> GET /models description of the model measured
-    stopwatch: Stopwatch  # the service's and this client's CPU over each timed run
-    floor: Side | None = None  # the floor server (scenario `floor`)
-    skipped: dict[str, str] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)  # scenario -> why it could not finish
-    notes: list[str] = field(default_factory=list)
-
-    def entry(self, task: str) -> tuple[Path, dict[str, Any]]:
-        model = self.models[task]
-        return self.repository / model["name"] / model["version"], model["manifest"]
-
-    def ref(self, task: str) -> str:
-        return f"{self.models[task]['name']}:{self.models[task]['version']}"
-
-    async def settle(self) -> None:
-        await asyncio.sleep(self.counts.settle_seconds)
-
-
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
-def in_turn(repeat: int, first: Any, second: Any) -> tuple[Any, Any]:
-    """``(first, second)`` on even repeats, ``(second, first)`` on odd ones: drift hits both sides alike."""
-    return (first, second) if repeat % 2 == 0 else (second, first)
-
-
-async def run_e2e(bench: Bench, sessions: list[SessionInput], offline: OfflineSteps) -> dict[str, Any]:
-    model = bench.ref("classify")
-    await served_pieces(bench.client, model, sessions[:1])  # warm-up, untimed
-    offline.batch_one_seconds(sessions[:1])
-    repeats: list[dict[str, Any]] = []
-    metrics: Samples = {}
-    for repeat in range(bench.repeats):
-        order = in_turn(repeat, "served", "offline")
-        row: dict[str, Any] = {"order": list(order), "piece_seconds": [], "step_seconds": []}
-        for kind in order:
-            await bench.settle()
-            if kind == "offline":
-                row["step_seconds"] = offline.batch_one_seconds(sessions)
-                continue
-            for session in sessions:  # one session at a time
-                run = await served_pieces(bench.client, model, [session], metrics=metrics)
-                row["piece_seconds"] += run.piece_seconds
-        row["piece_ms_median"] = 1000 * median(row.pop("piece_seconds"))
-        row["step_ms_median"] = 1000 * median(row.pop("step_seconds"))
-        row["ratio"] = row["piece_ms_median"] / row["step_ms_median"]
-        log.info("  repeat %d: piece %.1f ms, step %.1f ms", repeat + 1, row["piece_ms_median"], row["step_ms_median"])
-        repeats.append(row)
-    piece_ms, step_ms = median([r["piece_ms_median"] for r in repeats]), median([r["step_ms_median"] for r in repeats])
-    return {
-        "model": model,
-        "pieces_per_repeat": sum(len(s.pieces) for s in sessions),
-        "piece_ms_median": piece_ms,
-        "step_ms_median": step_ms,
-        "e2e_per_step": median([r["ratio"] for r in repeats]),
-        "server_step_ms_mean": 1000 * histogram_mean(metrics, "rtserve_step_duration_seconds", model=model),
-        "redis": redis_share(metrics),
-        "repeats": repeats,
-    }
-
-
-async def run_throughput(bench: Bench, sessions: list[SessionInput], offline: OfflineSteps) -> dict[str, Any]:
-    model = bench.ref("classify")
-    results: dict[str, Any] = {}
-    for count in bench.counts.sessions:
-        chosen = sessions[:count]
-        await served_pieces(bench.client, model, chosen)  # warm-up, untimed
-        offline.batched_seconds(chosen)
-        segments = sum(len(s.segments) for s in chosen)
-        repeats: list[dict[str, Any]] = []
-        metrics: Samples = {}
-        for repeat in range(bench.repeats):
-            row: dict[str, Any] = {}
-            for kind in in_turn(repeat, "served", "offline"):
-                await bench.settle()
-                if kind == "offline":
-                    row["offline_segments_per_second"] = segments / offline.batched_seconds(chosen)
-                    continue
-                run = await served_pieces(bench.client, model, chosen, metrics=metrics)
-                row["served_segments_per_second"] = run.steps / run.wall_seconds
-                row["client_cpu_share"] = run.client_cpu_seconds / run.wall_seconds
-            row["ratio"] = row["served_segments_per_second"] / row["offline_segments_per_second"]
-            log.info("  %d sessions, repeat %d: served %.1f, offline %.1f segments/s", count, repeat + 1,
-                     row["served_segments_per_second"], row["offline_segments_per_second"])
-            repeats.append(row)
-        served = median([r["served_segments_per_second"] for r in repeats])
-        offline_rate = median([r["offline_segments_per_second"] for r in repeats])
-        results[str(count)] = {
-            "sessions": count,
-            "segments_per_repeat": segments,
-            "served_segments_per_second": served,
-            "offline_segments_per_second": offline_rate,
-            "served_over_offline": median([r["ratio"] for r in repeats]),
-            "mean_batch_size": histogram_mean(metrics, "rtserve_batch_size", model=model),
-            "client_cpu_share": median([r["client_cpu_share"] for r in repeats]),
-            "redis": redis_share(metrics),
-            "repeats": repeats,
-        }
-    return results
-
-
-def percentiles_ms(seconds: Sequence[float]) -> dict[str, float]:
-    values = 1000 * np.asarray(seconds)
-    return {
-        "p50_ms": float(np.percentile(values, 50)),
-        "p90_ms": float(np.percentile(values, 90)),
-        "p99_ms": float(np.percentile(values, 99)),
-        "max_ms": float(values.max()),
-    }
-
-
-async def run_latency(bench: Bench, sessions: list[SessionInput]) -> dict[str, Any]:
-    model = bench.ref("classify")
-    results: dict[str, Any] = {}
-    for count in bench.counts.sessions:
-        times: list[float] = []
-        for _ in range(bench.repeats):
-            times += await asyncio.gather(*(whole_session(bench.client, model, s) for s in sessions[:count]))
-        results[str(count)] = {"sessions": count, "samples": len(times), **percentiles_ms(times)}
-    return results
-
-
-async def summarize_all(bench: Bench, bodies: list[bytes], concurrent: bool) -> tuple[Span, int]:
-    """The span and summary tokens of every article, all at once or one after another."""
-    client, started = bench.client, bench.stopwatch.start()
-    if concurrent:
-        answers = await asyncio.gather(*(client.post("/summarize", body) for body in bodies))
-    else:
-        answers = [await client.post("/summarize", body) for body in bodies]
-    span = bench.stopwatch.stop(started)
-    return span, sum(int(answer["summary_tokens"]) for answer in answers)
-
-
-async def run_articles(bench: Bench) -> dict[str, Any]:
-    model = bench.ref("summarize")
-    texts = [text[: bench.counts.article_chars] for text in inputs.bbc_texts(bench.data, bench.counts.articles)]
-    bodies = [json.dumps({"text": text, "model": model, "decoding": "free"}).encode() for text in texts]
-    await summarize_all(bench, bodies[:1], concurrent=False)  # warm-up, untimed
-
-    async def once(concurrent: bool) -> tuple[Span, int]:
-        await bench.settle()
-        return await summarize_all(bench, bodies, concurrent)
-
-    rates = await concurrent_vs_sequential(bench, once)
-    return {"model": model, "articles": len(bodies), **rates}
-
-
-FREE_DECODING = json.dumps({"decoding": "free"}).encode()  # the decoder's work, not sentence copy's
-
-
-async def finish_all(bench: Bench, ids: list[str], concurrent: bool) -> tuple[Span, int]:
-    """The span and summary tokens of finishing every session, all at once or one after another."""
-    client, started = bench.client, bench.stopwatch.start()
-    if concurrent:
-        answers = await asyncio.gather(*(client.post(f"/sessions/{i}/finish", FREE_DECODING) for i in ids))
-    else:
-        answers = [await client.post(f"/sessions/{i}/finish", FREE_DECODING) for i in ids]
-    span = bench.stopwatch.stop(started)
-    return span, sum(int(answer["summary_tokens"]) for answer in answers)
-
-
-async def read_documents(client: Client, model: str, sessions: list[SessionInput]) -> list[str]:
-    """Open a session per document and send its pieces (untimed); the session ids."""
-    ids = await asyncio.gather(*(open_session(client, model) for _ in sessions))
-    for session_id, session in zip(ids, sessions, strict=True):
-        await send_pieces(client, session_id, session)
-    return list(ids)
-
-
-async def run_decode(bench: Bench) -> dict[str, Any]:
-    model = bench.ref("summarize")
-    entry, manifest = bench.entry("summarize")
-    texts = inputs.bbc_texts(bench.data, bench.counts.articles * 4)
-    sessions = inputs.decode_sessions(entry, manifest, texts, bench.counts.articles)
-    await finish_all(bench, await read_documents(bench.client, model, sessions[:1]), False)  # warm-up
-
-    async def once(concurrent: bool) -> tuple[Span, int]:
-        ids = await read_documents(bench.client, model, sessions)  # untimed
-        await bench.settle()
-        timed = await finish_all(bench, ids, concurrent)
-        await asyncio.gather(*(close_session(bench.client, session_id) for session_id in ids))
-        return timed
-
-    rates = await concurrent_vs_sequential(bench, once)
-    return {"model": model, "articles": len(sessions), "windows": [len(s.pieces) for s in sessions], **rates}
-
-
-async def concurrent_vs_sequential(
-    bench: Bench, once: Callable[[bool], Awaitable[tuple[Span, int]]], unit: str = "tokens",
-    count_key: str | None = "summary_tokens",
-) -> dict[str, Any]:
-    """``unit``/s of ``once(concurrent)`` -> (span, units) both ways, in alternating order, ``--repeats``
-    times; medians. With each: the CPU per unit of the service and the client, the cores they kept busy,
-    and the ceiling that CPU puts on the ratio. ``count_key`` also records each run's count of units."""
-    cores = len(os.sched_getaffinity(0))
-    repeats = []
-    for repeat in range(bench.repeats):
-        row: dict[str, Any] = {}
-        for concurrent in in_turn(repeat, True, False):
-            span, units = await once(concurrent)
-            name = "concurrent" if concurrent else "sequential"
-            row[f"{name}_{unit}_per_second"] = units / span.seconds
-            row[f"{name}_server_cpu_ms_per_unit"] = 1000 * span.server_cpu_seconds / units
-            row[f"{name}_client_cpu_ms_per_unit"] = 1000 * span.client_cpu_seconds / units
-            row[f"{name}_cores_busy"] = (span.server_cpu_seconds + span.client_cpu_seconds) / span.seconds
-            if count_key:
-                row[f"{name}_{count_key}"] = units
-        row["ratio"] = row[f"concurrent_{unit}_per_second"] / row[f"sequential_{unit}_per_second"]
-        concurrent_cpu_ms = row["concurrent_server_cpu_ms_per_unit"] + row["concurrent_client_cpu_ms_per_unit"]
-        row["ratio_ceiling"] = cores * (1000 / row[f"sequential_{unit}_per_second"]) / concurrent_cpu_ms
-        log.info("  repeat %d: %.1f vs %.1f %s/s (ceiling of the ratio on %d cores: %.2f)", repeat + 1,
-                 row[f"concurrent_{unit}_per_second"], row[f"sequential_{unit}_per_second"], unit, cores,
-                 row["ratio_ceiling"])
-        repeats.append(row)
-    concurrent_rate = median([r[f"concurrent_{unit}_per_second"] for r in repeats])
-    sequential_rate = median([r[f"sequential_{unit}_per_second"] for r in repeats])
-    cpu = {key: median([r[key] for r in repeats]) for key in repeats[0]
-           if key.endswith(("_cpu_ms_per_unit", "_cores_busy"))}
-    return {
-        f"concurrent_{unit}_per_second": concurrent_rate,
-        f"sequential_{unit}_per_second": sequential_rate,
-        "ratio": median([r["ratio"] for r in repeats]),
-        "cores": cores,
-        **cpu,
-        "ratio_ceiling": median([r["ratio_ceiling"] for r in repeats]),
-        "repeats": repeats,
-    }
-
-
-async def forecast_flows(bench: Bench, model: str, sessions: list[SessionInput], concurrent: bool) -> Span:
-    """The span of create -> pieces -> finish for every session, all at once or one after another."""
-    client = bench.client
-
-    async def flow(session: SessionInput) -> str:
-        session_id = await open_session(client, model)
-        await send_pieces(client, session_id, session)
-        await client.post(f"/sessions/{session_id}/finish")
-        return session_id
-
-    started = bench.stopwatch.start()
-    if concurrent:
-        ids = await asyncio.gather(*(flow(session) for session in sessions))
-    else:
-        ids = [await flow(session) for session in sessions]
-    span = bench.stopwatch.stop(started)
-    await asyncio.gather(*(client.delete(f"/sessions/{session_id}") for session_id in ids))
-    return span
-
-
-async def run_rsa(bench: Bench) -> dict[str, Any]:
-    model = bench.ref("forecast")
-    settings = bench.models["forecast"]["manifest"]["settings"]
-    values = inputs.etth1_values(bench.data, list(settings["variables"]))
-    sessions = inputs.forecast_sessions(values, int(settings["lookback"]), bench.counts.rsa_sessions,
-                                        bench.counts.rsa_piece_rows, bench.counts.rsa_extra_pieces)
-    pieces = sum(len(s.pieces) for s in sessions)
-    await forecast_flows(bench, model, sessions[:1], concurrent=False)  # warm-up, untimed
-
-    async def once(concurrent: bool) -> tuple[Span, int]:
-        await bench.settle()
-        return await forecast_flows(bench, model, sessions, concurrent), pieces
-
-    rates = await concurrent_vs_sequential(bench, once, unit="pieces", count_key=None)
-    return {
-        "model": model,
-        "sessions": len(sessions),
-        "pieces": pieces,
-        "rows_per_piece": bench.counts.rsa_piece_rows,
-        **rates,
-    }
-
-
-def gpu_sessions(bench: Bench, model: Mapping[str, Any], count: int) -> list[SessionInput]:
-    """One-step pieces for any loaded model: RMT segments, encoder windows, rows."""
-    entry = bench.repository / model["name"] / model["version"]
-    manifest, settings = model["manifest"], model["manifest"]["settings"]
-    if model["task"] == "classify":
-        texts = inputs.hyperpartisan_texts(bench.data)
-        return inputs.classify_sessions(entry, manifest, texts, count, bench.counts.pieces)
-    if model["task"] == "summarize":
-        texts = inputs.bbc_texts(bench.data, count * 4)
-        return inputs.summarize_sessions(entry, manifest, texts, count, bench.counts.pieces)
-    values = inputs.etth1_values(bench.data, list(settings["variables"]))
-    return inputs.forecast_sessions(values, int(settings["lookback"]), count, bench.counts.rsa_piece_rows,
-                                    bench.counts.rsa_extra_pieces)
-
-
-GPU_WINDOW_SECONDS = 2.0  # NVML's energy counter moves about every 100 ms: a window of 20 such steps or more
-
-
-async def energy_window(bench: Bench, ref: str, sessions: Sequence[SessionInput],
-                        meter: EnergyMeter) -> dict[str, float]:
-    """Segments/s and J/segment of ``sessions`` served again and again for at least GPU_WINDOW_SECONDS.
-
-    The energy is read once before and once after the whole window, so the sessions' opening and closing
-    between the passes is in the joules (it is part of serving them); segments/s is over the pieces' time.
-    """
-    energy_before = meter.millijoules()
-    steps, seconds = 0, 0.0
-    while seconds < GPU_WINDOW_SECONDS:
-        run = await served_pieces(bench.client, ref, sessions)
-        steps, seconds = steps + run.steps, seconds + run.wall_seconds
-    return energy_rates(meter.millijoules() - energy_before, steps, seconds)
-
-
-async def run_gpu(bench: Bench, meter: EnergyMeter, described: list[dict[str, Any]]) -> dict[str, Any]:
-    high = bench.counts.gpu_sessions
-    on_gpu = [m for m in described if str(m.get("device", "cpu")).startswith("cuda")]
-    results: dict[str, Any] = {"gpus": meter.names, "fraction_on_gpu": len(on_gpu) / len(described), "models": {}}
-    for model in described:
-        ref = f"{model['name']}:{model['version']}"
-        sessions = gpu_sessions(bench, model, high)
-        await served_pieces(bench.client, ref, sessions)  # warm-up, untimed
-        row: dict[str, Any] = {"providers": model["providers"], "sessions_high": high}
-        for count in (1, high):
-            rates = [await energy_window(bench, ref, sessions[:count], meter) for _ in range(bench.repeats)]
-            row[str(count)] = {key: median([rate[key] for rate in rates]) for key in rates[0]}
-        row["joules_ratio"] = row[str(high)]["joules_per_segment"] / row["1"]["joules_per_segment"]
-        results["models"][ref] = row
-    return results
-
-
-FLOOR_TASKS = ("forecast", "classify")
-FLOOR_KEEP_ALIVE_SECONDS = 2.0  # below uvicorn's default keep-alive (5 s), which the floor server keeps
-
-
-async def run_floor(bench: Bench) -> dict[str, Any]:
-    """The service's server CPU per piece over the floor server's, per task, at 1 and N sessions."""
-    assert bench.floor is not None, "the floor server starts with the scenario"
-    service = Side("service", bench.client, bench.stopwatch.service_cpu)
-    results: dict[str, Any] = {}
-    for task in FLOOR_TASKS:
-        reason = why_not(bench, task, {"forecast": "RSA forecaster", "classify": "RMT classifier"}[task])
-        if reason:
-            results[task] = {"skipped": reason}
-            continue
-        sessions = floor_sessions(bench, task, bench.counts.floor_sessions)
-        log.info("floor: %s pieces, service vs floor server, at 1 and %d sessions", task, len(sessions))
-        results[task] = {"model": bench.ref(task), **await compare(
-            service, bench.floor, bench.ref(task), sessions, (1, len(sessions)), bench.repeats,
-            bench.stopwatch.redis_cpu, bench.settle)}
-    return results
+SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor", "gpu", "triton", "sweep")
+DEFAULT_SCENARIOS = SCENARIOS[:-1]  # the sweep runs when asked for (--only sweep): it takes minutes per model
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -815,47 +153,6 @@ def settings_in_effect(settings: Any) -> dict[str, Any]:
     in_effect["redis"] = "embedded"
     in_effect["api_keys"] = "set" if settings.api_keys else "none"
     return in_effect
-
-
-CLASSIFY_SCENARIOS = ("e2e", "throughput", "latency")
-DATASETS = {"classify": "hyperpartisan", "summarize": "bbc-news-summary", "forecast": "ETT-small"}
-
-
-def why_not(bench: Bench, task: str, wanted: str) -> str | None:
-    """Why the scenarios of ``task`` cannot run here, or None."""
-    if task not in bench.models:
-        return f"no {wanted} in the model repository"
-    folder = bench.data / DATASETS[task]
-    return None if folder.is_dir() else f"dataset not found at {folder} (--data)"
-
-
-async def attempt(bench: Bench, scenarios: dict[str, Any], name: str, run: Coroutine[Any, Any, Any]) -> None:
-    """Run one scenario; a failed request fails that scenario only, and the report says why."""
-    try:
-        scenarios[name] = await run
-    except (BenchError, ValueError) as error:  # a failed request, or inputs the data cannot give
-        log.error("%s failed: %s", name, error)
-        bench.failed[name] = str(error)
-
-
-async def run_classify_scenarios(bench: Bench, only: Sequence[str]) -> dict[str, Any]:
-    """e2e, throughput and latency share the RMT sessions and the offline step graph."""
-    entry, manifest = bench.entry("classify")
-    texts = inputs.hyperpartisan_texts(bench.data)
-    needed = max((*bench.counts.sessions, bench.counts.e2e_sessions))
-    sessions = inputs.classify_sessions(entry, manifest, texts, needed, bench.counts.pieces)
-    offline = OfflineSteps(entry, manifest, bench.models["classify"], bench.intra_op_threads, bench.intra_op_spinning)
-    scenarios: dict[str, Any] = {}
-    if "e2e" in only:
-        log.info("e2e: 1 session, %d pieces x %d sessions", bench.counts.pieces, bench.counts.e2e_sessions)
-        await attempt(bench, scenarios, "e2e", run_e2e(bench, sessions[: bench.counts.e2e_sessions], offline))
-    if "throughput" in only:
-        log.info("throughput: %s concurrent sessions", bench.counts.sessions)
-        await attempt(bench, scenarios, "throughput", run_throughput(bench, sessions, offline))
-    if "latency" in only:
-        log.info("latency: whole sessions at %s concurrent", bench.counts.sessions)
-        await attempt(bench, scenarios, "latency", run_latency(bench, sessions))
-    return scenarios
 
 
 # scenario -> (the task it needs a model of, that model in words, the scenario)
@@ -894,7 +191,25 @@ async def run_scenarios(bench: Bench, only: Sequence[str], meter: EnergyMeter,
             await attempt(bench, scenarios, "gpu", run_gpu(bench, meter, described))
         else:
             bench.skipped["gpu"] = f"GPU rows skipped (no GPU): {meter.reason}"
+    if "triton" in only:
+        await run_triton_side(bench, scenarios)
+    if "sweep" in only:
+        await attempt(bench, scenarios, "sweep", run_sweep(bench))
+        bench.notes += sweep_notes(scenarios.get("sweep") or {})
     return scenarios
+
+
+async def run_triton_side(bench: Bench, scenarios: dict[str, Any]) -> None:
+    """rtserve beside Triton, or why not (no peer venv: skipped, saying how to get it; the bench goes on)."""
+    install = unavailable_reason(bench.options.triton_venv)
+    if isinstance(install, str):
+        log.warning("%s", install)
+        bench.skipped["triton"] = install
+        return
+    await attempt(bench, scenarios, "triton", run_triton(bench, install))
+    if "triton" in scenarios:
+        bench.notes += [f"triton: {line}" for line in PER_PIECE]
+        bench.notes += client_limited_notes(scenarios["triton"])
 
 
 async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMeter) -> dict[str, Any]:
@@ -907,7 +222,8 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
     api_key = service.api_keys[0] if service.api_keys else None
     connections = max((*counts.sessions, counts.articles, counts.rsa_sessions, counts.gpu_sessions,
                        counts.floor_sessions)) + 4
-    client = Client(f"http://{HOST}:{port}", api_key, connections, service.keep_alive_timeout_seconds / 2)
+    client_url = f"http://{HOST}:{port}"
+    client = Client(client_url, api_key, connections, service.keep_alive_timeout_seconds / 2)
     floor_client: Client | None = None
     floor: Server | None = None
     with EmbeddedRedis() as redis:  # the bench's: the service and the floor server share it, its CPU apart
@@ -918,7 +234,8 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
             described = await client.models()
             bench = Bench(client, options.model_repository, options.data, counts, options.repeats,
                           int(settings["intra_op_threads"]), bool(settings["intra_op_spinning"]),
-                          pick_models(described, options.forecast_model), Stopwatch(server.process.pid, redis.pid))
+                          pick_models(described, options.forecast_model), Stopwatch(server.process.pid, redis.pid),
+                          url=client_url, api_key=api_key, options=options, log_folder=log_path.parent)
             if "floor" in options.only:
                 refs = [bench.ref(task) for task in FLOOR_TASKS if task in bench.models]
                 floor_port = free_port()
@@ -969,10 +286,19 @@ def parse_options(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny counts, one repeat (a smoke test)")
     parser.add_argument("--repeats", type=int, help="served/offline alternations per scenario (default 3; quick 1)")
     parser.add_argument("--port", type=int, help="default: a free loopback port")
-    parser.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    parser.add_argument("--only", default=",".join(DEFAULT_SCENARIOS),
+                        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but sweep)")
     parser.add_argument("--forecast-model", default="rsa-etth1-h24", help="the forecaster of the `rsa` scenario")
     parser.add_argument("--server-log", type=Path, help="where the service's output goes (default: a temp file)")
     parser.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /readyz")
+    parser.add_argument("--triton-venv", type=Path, default=None,
+                        help=f"the Triton peer's venv (`make peers`; default: ${VENV_VARIABLE}, else .venv-peers)")
+    parser.add_argument("--triton-queue-delays-ms", default="0",
+                        help="Triton's sequence batcher max_queue_delay, one configuration each (e.g. 0,5: rtserve's)")
+    parser.add_argument("--client-processes", type=int, default=None,
+                        help="processes of the closed-loop client of `triton` and `sweep` (default: the usable cores)")
+    parser.add_argument("--sweep-max", type=int, default=None,
+                        help="the most concurrent sessions the sweep tries (of 1, 8, 32, 128, 512; default 512)")
     options = parser.parse_args(argv)
     options.only = [name.strip() for name in options.only.split(",") if name.strip()]
     unknown = sorted(set(options.only) - set(SCENARIOS))
@@ -982,6 +308,12 @@ def parse_options(argv: Sequence[str]) -> argparse.Namespace:
         options.repeats = 1 if options.quick else 3
     if options.repeats < 1:
         parser.error("--repeats must be at least 1")
+    try:
+        options.triton_queue_delays_ms = [float(x) for x in options.triton_queue_delays_ms.split(",") if x.strip()]
+    except ValueError:
+        parser.error("--triton-queue-delays-ms takes milliseconds separated by commas, e.g. 0,5")
+    if options.client_processes is not None and options.client_processes < 1:
+        parser.error("--client-processes must be at least 1")
     if not (options.model_repository.is_dir() and any(options.model_repository.glob("*/*/manifest.json"))):
         parser.error(f"no model repository at {options.model_repository}: run `make model-repository` first")
     return options

@@ -11,7 +11,7 @@ pieces go to each in turn:
   pieces, at N the next :data:`BLOCK_PIECES` pieces of every session. Each side's CPU is summed over its own
   blocks, so both sides are measured across the same seconds and the machine's drift (a third within
   minutes on a shared VM) falls on both alike;
-- CPU of the server's processes (:func:`process_cpu_seconds`: the kernel's per-process CPU clock, the
+- CPU of the server's processes (:func:`loadtest.harness.process_cpu_seconds`: the kernel's per-process CPU clock, the
   accounting ``/proc/<pid>/stat`` shows, in nanoseconds): the service's process tree (every front end and
   engine process with ``RTSERVE_WORKERS``), the floor's one process.
   Redis (the bench's, shared) is counted apart, per side, and is in neither ratio.
@@ -30,41 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from loadtest import bench_inputs as inputs
 from loadtest.bench_inputs import SessionInput
+from loadtest.harness import Client, in_turn, median
+from loadtest.sessions import close_session, open_session, send_pieces
 
 log = logging.getLogger("rtserve.bench")
 
 BLOCK_PIECES = 4  # at N sessions, each block holds the next 4 pieces of every session
 
 FLOOR_SERVER = Path(__file__).resolve().parents[1] / "benchmarks" / "floor_server.py"
-
-
-def process_cpu_seconds(process: psutil.Process) -> float:
-    """CPU seconds (user + system, every thread, living or ended) of one process.
-
-    The kernel's CPU clock of the process (what ``clock_getcpuclockid(pid)`` names: the same accounting that
-    ``/proc/<pid>/stat`` shows, read in nanoseconds instead of 10 ms ticks, which would be 1-10 % of a short run);
-    ``/proc/<pid>/stat`` by psutil where that clock cannot be read.
-    """
-    try:
-        return time.clock_gettime_ns(((~process.pid) << 3) | 2) / 1e9  # CPUCLOCK_SCHED of the whole process
-    except (OSError, OverflowError, AttributeError):
-        times = process.cpu_times()
-        return times.user + times.system
-
-
-def tree_cpu_seconds(root: psutil.Process) -> float:
-    """CPU seconds of ``root`` and its living descendants."""
-    total = 0.0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process_cpu_seconds(process)
-        except psutil.NoSuchProcess:
-            continue
-    return total
 
 
 def floor_command(repository: Path, models: Sequence[str], redis_url: str, host: str, port: int) -> list[str]:
@@ -78,7 +53,7 @@ class Side:
     """One server under comparison: its client, its model reference and how to read its CPU."""
 
     name: str
-    client: Any  # loadtest.bench.Client
+    client: Client
     cpu_seconds: Any  # () -> float
 
 
@@ -89,8 +64,6 @@ async def pieces_cpu(sides: Sequence[Side], model: str, sessions: list[SessionIn
     per block, and each side's figures are summed over its own blocks: both sides are measured across the same
     seconds. A block is one session's pieces (one at a time) or the next :data:`BLOCK_PIECES` pieces of every
     session, all sessions at once (``concurrent``)."""
-    from loadtest.bench import close_session, in_turn, open_session, send_pieces
-
     ids = {side.name: [await open_session(side.client, model) for _ in sessions] for side in sides}
     await asyncio.sleep(0.05)
     length = max(len(session.pieces) for session in sessions)
@@ -128,8 +101,6 @@ async def pieces_cpu(sides: Sequence[Side], model: str, sessions: list[SessionIn
 async def compare(service: Side, floor: Side, model: str, sessions: list[SessionInput], counts: Sequence[int],
                   repeats: int, redis_cpu: Any, settle: Any) -> dict[str, Any]:
     """Per session count: each side's CPU per piece and the service / floor ratio (median of per-repeat ratios)."""
-    from loadtest.bench import in_turn, median
-
     await pieces_cpu((service, floor), model, sessions[:1], False, redis_cpu)  # warm-up, untimed
     results: dict[str, Any] = {}
     for count in counts:

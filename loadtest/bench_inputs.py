@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,26 @@ def one_segment_pieces(cutter: SegmentCutter, text: str, count: int) -> tuple[li
     return pieces, segments
 
 
+def first_whole_cuts(
+    cutter: SegmentCutter, documents: int, text_of: Callable[[int, int], str], count_of: Callable[[int], int],
+    sessions: int, what: str,
+) -> list[tuple[list[str], list[Segment]]]:
+    """The pieces and segments of the first ``sessions`` documents that each yield ``count`` one-segment pieces.
+
+    Document ``index`` is ``text_of(index, count)``, ``count`` being ``count_of(documents kept so far)``;
+    ``what`` names the wanted cut in the error when too few documents yield it.
+    """
+    kept: list[tuple[list[str], list[Segment]]] = []
+    for index in range(documents):
+        count = count_of(len(kept))
+        cut, segments = one_segment_pieces(cutter, text_of(index, count), count)
+        if len(cut) == count:
+            kept.append((cut, segments))
+        if len(kept) == sessions:
+            return kept
+    raise ValueError(f"only {len(kept)} of the documents yield {what}; {sessions} needed")
+
+
 def classify_sessions(
     entry: Path, manifest: Mapping[str, Any], texts: list[str], sessions: int, pieces: int
 ) -> list[SessionInput]:
@@ -87,15 +107,9 @@ def classify_sessions(
     limit = settings["max_segments"]  # None: the model reads every segment
     count = pieces if limit is None else min(pieces, int(limit))
     cutter = cutter_for(entry, manifest, int(settings["segment_size"]), limit)
-    prepared: list[SessionInput] = []
-    for text in texts:
-        cut, segments = one_segment_pieces(cutter, text, count)
-        if len(cut) == count:
-            bodies = [piece_body(seq, "text", piece) for seq, piece in enumerate(cut, start=1)]
-            prepared.append(SessionInput(bodies, segments))
-        if len(prepared) == sessions:
-            return prepared
-    raise ValueError(f"only {len(prepared)} of the documents yield {count} whole segments; {sessions} needed")
+    cuts = first_whole_cuts(cutter, len(texts), lambda index, _: texts[index], lambda _: count, sessions,
+                            f"{count} whole segments")
+    return [SessionInput(text_session(cut).pieces, segments) for cut, segments in cuts]
 
 
 def window_cutter(entry: Path, manifest: Mapping[str, Any]) -> tuple[SegmentCutter, int]:
@@ -111,20 +125,24 @@ def text_session(pieces: list[str]) -> SessionInput:
     return SessionInput([piece_body(seq, "text", piece) for seq, piece in enumerate(pieces, start=1)])
 
 
+def window_sessions(
+    entry: Path, manifest: Mapping[str, Any], sessions: int, documents: int, text_of: Callable[[int, int], str],
+    count_of: Callable[[int, int], int],
+) -> list[SessionInput]:
+    """Summarization sessions whose pieces each close one encoder window (one ``encode_window`` step): document
+    ``index`` is ``text_of(index, count)``, cut into ``count = count_of(the model's windows, sessions kept)``."""
+    cutter, windows = window_cutter(entry, manifest)
+    cuts = first_whole_cuts(cutter, documents, text_of, lambda kept: count_of(windows, kept), sessions,
+                            "whole encoder windows")
+    return [text_session(cut) for cut, _ in cuts]
+
+
 def summarize_sessions(
     entry: Path, manifest: Mapping[str, Any], texts: list[str], sessions: int, pieces: int
 ) -> list[SessionInput]:
-    """Summarization sessions whose pieces each close one encoder window (one ``encode_window`` step)."""
-    cutter, windows = window_cutter(entry, manifest)
-    count = min(pieces, windows)
-    prepared = []
-    for text in texts:
-        cut, _ = one_segment_pieces(cutter, text, count)
-        if len(cut) == count:
-            prepared.append(text_session(cut))
-        if len(prepared) == sessions:
-            return prepared
-    raise ValueError(f"only {len(prepared)} of the documents yield {count} encoder windows; {sessions} needed")
+    """Articles cut into ``pieces`` pieces (at most the windows the model reads), each closing one encoder window."""
+    return window_sessions(entry, manifest, sessions, len(texts), lambda index, _: texts[index],
+                           lambda windows, _: min(pieces, windows))
 
 
 def decode_sessions(
@@ -134,17 +152,9 @@ def decode_sessions(
     whose pieces close every window, so that a finish encodes at most a few trailing tokens and is,
     in the main, the summary's decoding. Document ``i`` is article ``i`` followed by the next ones,
     as far as its windows reach (most BBC articles are shorter than one window)."""
-    cutter, windows = window_cutter(entry, manifest)
-    prepared: list[SessionInput] = []
-    for start in range(len(texts)):
-        count = 1 + len(prepared) % max(windows, 1)
-        text = "\n\n".join(texts[start : start + 4 * count])  # consecutive articles: long enough
-        cut, _ = one_segment_pieces(cutter, text, count)
-        if len(cut) == count:
-            prepared.append(text_session(cut))
-        if len(prepared) == sessions:
-            return prepared
-    raise ValueError(f"only {len(prepared)} of the documents yield whole encoder windows; {sessions} needed")
+    return window_sessions(entry, manifest, sessions, len(texts),
+                           lambda start, count: "\n\n".join(texts[start : start + 4 * count]),  # long enough
+                           lambda windows, kept: 1 + kept % max(windows, 1))
 
 
 def forecast_sessions(

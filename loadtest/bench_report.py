@@ -227,10 +227,88 @@ def markdown(results: Mapping[str, Any]) -> str:
         lines.append(f"| {row['metric']} | {_number(row['value'])} | {row['target']} | {_holds(row)} |")
     for label, value in measurement_rows(results["scenarios"]):
         lines.append(f"| {label} | {_number(value)} | | |")
+    lines += triton_section(results["scenarios"].get("triton") or {})
+    lines += sweep_section(results["scenarios"].get("sweep") or {})
     notes = [f"- {name}: skipped — {reason}" for name, reason in results["skipped"].items()]
     notes += [f"- {name}: FAILED — {reason}" for name, reason in results.get("failed", {}).items()]
     notes += [f"- {note}" for note in results["notes"]]
     return "\n".join([*lines, "", *notes, ""]) if notes else "\n".join([*lines, ""])
+
+
+def _ratios(row: Mapping[str, Any], side: str, key: str) -> str:
+    """``side``'s ratio to every Triton configuration (``a / b`` for two), or blank for a Triton row."""
+    values = [ratio[key] for pair, ratio in row.get("ratios", {}).items() if pair.startswith(f"{side}/")]
+    return " / ".join(f"{value:.3g}" for value in values)
+
+
+def triton_section(run: Mapping[str, Any]) -> list[str]:
+    """The side-by-side table of the ``triton`` scenario: per model, session count and transport."""
+    if not run.get("models"):
+        return []
+    configurations = ", ".join(f"triton-{delay:g}ms" for delay in run["queue_delays_ms"])
+    lines = [
+        "",
+        f"## rtserve beside Triton {run.get('triton_version', '')} (sequence batcher, python backend, the same "
+        "step.onnx)",
+        "",
+        f"Closed loop, one client for both ({run['client_processes']} processes, asyncio + aiohttp, on the same "
+        f"{run['cores']} cores as the servers): N sessions each send their pieces in order, waiting for each "
+        "answer. Server CPU: the server's whole process tree (rtserve with the bench's Redis; Triton with its "
+        f"backend stubs). Ratios: rtserve / Triton ({configurations}), medians of per-repeat ratios. "
+        "`*`: the client was the limit in a run (see the notes).",
+        "",
+        "| model | sessions | transport | pieces/s | p50 ms | p99 ms | server CPU ms/piece | client CPU ms/piece "
+        "| ratio pieces/s | ratio p50 | ratio p99 | ratio server CPU/piece |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model in run["models"].values():
+        for side, reason in (model.get("unavailable") or {}).items():
+            lines.append(f"| {model['model']} | all | {side} | {reason} | | | | | | | | |")
+        for count, row in model["sessions"].items():
+            for side, figures in row["sides"].items():
+                if "pieces_per_second" not in figures:
+                    continue
+                star = "*" if figures.get("client_limited") else ""
+                cells = [model["model"], count, side, f"{figures['pieces_per_second']:.4g}{star}",
+                         f"{figures['p50_ms']:.3g}", f"{figures['p99_ms']:.3g}",
+                         f"{figures['server_cpu_ms_per_piece']:.3g}", f"{figures['client_cpu_ms_per_piece']:.3g}",
+                         *(_ratios(row, side, key) for key in ("pieces_per_second", "p50_ms", "p99_ms",
+                                                               "server_cpu_ms_per_piece"))]
+                lines.append("| " + " | ".join(cells) + " |")
+    differences = []
+    for model in run["models"].values():
+        values = [value for row in model["sessions"].values()
+                  for value in row["answers_max_abs_difference"].values() if value is not None]
+        if values:
+            differences.append(f"{model['model']} {max(values):.2g}")
+    if differences:
+        lines += ["", "Answers, max |rtserve - Triton| over each session's last piece, every session count and "
+                  "configuration (the forecast; the class probabilities): " + ", ".join(differences) + "."]
+    return lines
+
+
+def sweep_section(run: Mapping[str, Any]) -> list[str]:
+    """The capacity sweep's table: per model and session count, and each model's capacity."""
+    models = {task: model for task, model in (run.get("models") or {}).items() if "levels" in model}
+    if not models:
+        return []
+    lines = ["", "## Capacity sweep (rtserve over HTTP, closed loop)", "",
+             f"{run['client_processes']} client processes. Capacity: the most pieces/s with p99 under 250 ms. "
+             "`*`: the client was the limit (see the notes).", "",
+             "| model | sessions | pieces/s | p50 ms | p99 ms | mean batch | client CPU share |",
+             "|---|---|---|---|---|---|---|"]
+    for model in models.values():
+        for count, row in model["levels"].items():
+            star = "*" if row.get("client_limited") else ""
+            lines.append(f"| {model['model']} | {count} | {row['pieces_per_second']:.4g}{star} | {row['p50_ms']:.3g} "
+                         f"| {row['p99_ms']:.3g} | {row['mean_batch_size']:.3g} | {row['client_cpu_share']:.0%} |")
+    lines.append("")
+    for model in models.values():
+        best = model["capacity"]
+        lines.append(f"- capacity of {model['model']}: " + (
+            f"{best['pieces_per_second']:.4g} pieces/s at {best['sessions']} sessions" if best
+            else "no count kept p99 under 250 ms"))
+    return lines
 
 
 def write_reports(results: Mapping[str, Any], json_path: Path, markdown_path: Path) -> str:

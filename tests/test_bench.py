@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench import SEGMENT_ROUTE, histogram_mean, metric_delta, redis_share
 from loadtest.bench_gpu import EnergyMeter, energy_rates
 from loadtest.bench_report import check_targets
+from loadtest.metrics import SEGMENT_ROUTE, histogram_mean, metric_delta, redis_share
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
