@@ -5,11 +5,13 @@ server's (the ``floor`` scenario). It is bare Starlette on uvicorn (uvloop, http
 (hiredis when installed) and ONNX Runtime, and per piece it does what the service's piece does, no
 more:
 
-1. one round trip: the service's own ``BEGIN_SCRIPT`` (meta, the stored state, the lock taken);
+1. for a session whose last piece it did not apply, one round trip: the service's own ``BEGIN`` script (meta,
+   the stored state, the lock taken); for one whose last piece it applied, none: it keeps that piece's state,
+   as the service does;
 2. the model's ``step.onnx`` at batch 1, ONNX Runtime with one intra-op thread and no spinning, run on
    the event loop (nothing here batches or hands off);
-3. one round trip: the service's own ``COMMIT_SCRIPT`` (state, result, seq, unlock) pipelined with
-   the touch of the live and quota indexes;
+3. one round trip: the service's own ``COMMIT`` script (state, result, seq, unlock, the live and quota
+   indexes);
 4. a JSON answer with the session's counters and the running result (orjson).
 
 The state is stored as raw array bytes, of the service's sizes: an RSA window and row count
@@ -45,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from service.sessions import BEGIN_SCRIPT, COMMIT_SCRIPT, CREATE_SCRIPT
+from service.sessions.scripts import BEGIN, COMMIT, CREATE
 
 PREFIX = "rtserve-floor"
 OWNER = "anonymous"
@@ -139,13 +141,14 @@ class Floor:
             kind = {"rsa": Forecaster, "rmt": Classifier}.get(manifest["family"])
             if kind is not None and (not only or ref in only):
                 self.models[ref] = kind(manifest_path.parent, manifest)
-        self.begin = self.redis.register_script(BEGIN_SCRIPT)
+        self.begin = self.redis.register_script(BEGIN)
         self.commit_sha = ""
-        self.create = self.redis.register_script(CREATE_SCRIPT)
+        self.create = self.redis.register_script(CREATE)
+        self.kept: dict[str, tuple[int, bytes, dict[bytes, bytes]]] = {}  # session -> seq, state, meta fields
 
     async def start(self) -> None:
-        self.commit_sha = await self.redis.script_load(COMMIT_SCRIPT)
-        await self.redis.script_load(BEGIN_SCRIPT)
+        self.commit_sha = await self.redis.script_load(COMMIT)
+        await self.redis.script_load(BEGIN)
 
     @staticmethod
     def keys(session_id: str) -> list[str]:
@@ -171,25 +174,30 @@ class Floor:
         piece = orjson.loads(body)
         seq = piece["seq"]
         keys = self.keys(session_id)
-        token = f"{seq}:{secrets.token_hex(8)}"
-        reply = await self.begin(keys=keys[:3] + keys[4:], args=[seq, OWNER, token, LOCK_MS])
-        if not reply or not reply[4]:
-            return answer({"detail": "not the next piece, or the session is gone or busy"}, 409)
-        fields = dict(zip(reply[0][::2], reply[0][1::2], strict=True))
-        model = self.models[fields[b"model"].decode()]
-        state, result, units = model.step(reply[2], piece)
-        now = time.time()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.execute_command("EVALSHA", self.commit_sha, 5, *keys, seq - 1, seq, state, orjson.dumps(result),
-                                 TTL_SECONDS, hashlib.sha256(body).hexdigest(), units, 1, len(state), token)
-            pipe.zadd(f"{PREFIX}:live:{fields[b'model'].decode()}", {session_id: now + TTL_SECONDS}, xx=True)
-            pipe.zadd(f"{PREFIX}:owner:{OWNER}:sessions", {session_id: now + TTL_SECONDS}, xx=True)
-            committed, *_ = await pipe.execute()
+        kept = self.kept.get(session_id)
+        token = ""
+        if kept is not None and kept[0] == seq - 1:
+            _, stored, fields = kept
+        else:
+            token = f"{seq}:{secrets.token_hex(8)}"
+            reply = await self.begin(keys=keys[:3] + keys[4:], args=[seq, OWNER, token, LOCK_MS])
+            if not reply or int(reply[4]) != 1:
+                return answer({"detail": "not the next piece, or the session is gone or busy"}, 409)
+            fields, stored = dict(zip(reply[0][::2], reply[0][1::2], strict=True)), reply[2]
+        ref = fields[b"model"].decode()
+        state, result, units = self.models[ref].step(stored, piece)
+        indexes = [f"{PREFIX}:live:{ref}", f"{PREFIX}:owner:{OWNER}:sessions"]
+        committed = await self.redis.execute_command(
+            "EVALSHA", self.commit_sha, 7, *keys, *indexes, seq - 1, seq, state, orjson.dumps(result), TTL_SECONDS,
+            hashlib.sha256(body).hexdigest(), units, 1, len(state), token, "", time.time() + TTL_SECONDS, session_id)
         if int(committed[0]) != 1:
+            self.kept.pop(session_id, None)
             return answer({"detail": "lost the race"}, 409)
-        meta = dict(zip(committed[1][::2], committed[1][1::2], strict=True))
-        session = {"id": session_id, "seq": int(meta[b"seq"]), "segments": int(meta[b"segments"]),
-                   "consumed": int(meta[b"consumed"])}
+        fields[b"segments"] = str(int(fields[b"segments"]) + 1).encode()
+        fields[b"consumed"] = str(int(fields[b"consumed"]) + units).encode()
+        self.kept[session_id] = (seq, state, fields)
+        session = {"id": session_id, "seq": seq, "segments": int(fields[b"segments"]),
+                   "consumed": int(fields[b"consumed"])}
         return answer({"session": session, "replayed": False, "result": result})
 
     async def finish(self, request: Request) -> Response:
@@ -198,6 +206,7 @@ class Floor:
         return Response(result or b"{}", media_type="application/json")
 
     async def delete(self, request: Request) -> Response:
+        self.kept.pop(request.path_params["session_id"], None)
         await self.redis.delete(*self.keys(request.path_params["session_id"]))
         return Response(status_code=204)
 

@@ -25,7 +25,7 @@ from service.errors import install_error_handlers
 from service.loop_lag import LoopLag
 from service.metrics import ServiceMetrics
 from service.middleware import BodyLimitMiddleware, RequestScope
-from service.routers import classify, docs, forecast, health, models, sessions, summarize
+from service.routers import classify, docs, forecast, health, models, sessions, streams, summarize
 from service.runtime.engine_client import EngineClient
 from service.runtime.registry import ModelRegistry
 from service.schemas import ErrorEvent, TokenEvent
@@ -108,7 +108,7 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
     app.state.shutdown = shutdown = Shutdown(settings.shutdown_drain_seconds, settings.shutdown_timeout_seconds)
     install_error_handlers(app)
     for router in (health.router, models.router, classify.router, summarize.router, forecast.router,
-                   sessions.router, docs.router):
+                   sessions.router, streams.router, docs.router):
         app.include_router(router)
     app.mount(docs.ASSETS_URL, docs.assets(), name="docs-assets")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.requests import HTTPConnection
 
 from service.dependencies import SettingsDep
 from service.settings import Settings
@@ -22,7 +23,7 @@ def owner_of(api_key: str | None) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:32] if api_key else "anonymous"
 
 
-def _presented_key(request: Request) -> str | None:
+def _presented_key(request: HTTPConnection) -> str | None:
     key = request.headers.get("x-api-key")
     if key:
         return key
@@ -47,8 +48,8 @@ async def get_owner(
     return owner_of_request(request, settings)
 
 
-def owner_of_request(request: Request, settings: Settings) -> str:
-    """:func:`get_owner` without FastAPI's dependency solver (a route's fast path)."""
+def owner_of_request(request: HTTPConnection, settings: Settings) -> str:
+    """:func:`get_owner` without FastAPI's dependency solver (a route's fast path, a stream's upgrade)."""
     if not settings.api_keys:
         return owner_of(None)
     key = _presented_key(request)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -110,11 +111,18 @@ def _error(request: Request, status: int, detail: str, headers: dict[str, str] |
     return AsciiJSONResponse(body, status_code=status, headers=headers)
 
 
-def _field_errors(error: RequestValidationError) -> list[dict[str, Any]]:
+def _field_errors(errors: Sequence[Any], prefix: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     # a piece's kind (PIECE_KINDS), which pydantic puts in its errors' locations, is not a field: left out
-    return [{"loc": [part if isinstance(part, int) else str(part) for part in item.get("loc", ())
-                     if part not in PIECE_KINDS],
-             "msg": str(item.get("msg", "")), "type": str(item.get("type", ""))} for item in error.errors()]
+    return [{"loc": [*prefix, *(part if isinstance(part, int) else str(part) for part in item.get("loc", ())
+                                if part not in PIECE_KINDS)],
+             "msg": str(item.get("msg", "")), "type": str(item.get("type", ""))} for item in errors]
+
+
+def validation_body(errors: Sequence[Any], prefix: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The 422 body (less ``request_id``) of pydantic's ``errors``, their locations under ``prefix`` (``("body",)``
+    for what a route validates itself)."""
+    fields = _field_errors(errors, prefix)
+    return {"detail": _summary(fields), "errors": fields}
 
 
 def _summary(errors: list[dict[str, Any]]) -> str:
@@ -141,6 +149,9 @@ _RETRY = {
     ("POST", "/sessions/{session_id}/finish"): "finish again, which is always safe: a finished session answers its "
                                                "stored result",
     ("DELETE", "/sessions/{session_id}"): "delete again (a 404 then means the first delete went through)",
+    ("", "/sessions/{session_id}/stream"): "connect again (to any replica) and send the same seq with the same "
+                                           "content, which is always safe: it is applied at most once (a piece that "
+                                           "did apply answers replayed: true)",
 }
 
 
@@ -177,8 +188,7 @@ def error_answer(error: Exception, scope: Scope) -> tuple[int, dict[str, Any], d
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = _field_errors(error)
-        return _error(request, 422, _summary(errors), errors=errors)
+        return _error(request, 422, **validation_body(error.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:

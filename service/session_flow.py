@@ -17,6 +17,7 @@ Errors raised once the session was read carry its model (``model_ref``), for the
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -38,6 +39,9 @@ from service.sessions import (
 )
 from service.sessions.cache import Kept, StateCache
 from service.sessions.digest import piece_digest, same_piece
+from service.sessions.lease import stream_token
+
+log = logging.getLogger("rtserve")
 
 INDEX_TOUCH_SECONDS = 60.0  # a kept session's index entries move to its new idle expiry at most this often
 ROUNDS = 3  # reads of a session a piece may take before it is refused as a conflict
@@ -79,6 +83,7 @@ class SessionFlow:
         self.registry = registry
         self.metrics = metrics
         self.cache = cache
+        self._streams: set[tuple[str, str]] = set()  # (session, lease token) of the streams open here
 
     async def create(self, model: LoadedModel, owner: str, quota: str | None = None) -> SessionMeta:
         return await self.sessions.create(model.ref, model.task, owner, model.new_state(), quota)
@@ -225,6 +230,30 @@ class SessionFlow:
         except LostRace:
             raise SequenceConflict("a piece arrived while the session was finishing; finish again",
                                    meta.seq + 1) from None
+
+    async def open_stream(self, session_id: str, owner: str) -> tuple[SessionMeta, str]:
+        """A stream opens on the session: its meta (for the ``open`` frame) and the lease token it holds until
+        :meth:`close_stream`. Its state is kept (pinned) in the cache, so that its pieces are computed without a
+        read; the lease is taken over from any stream that left it."""
+        meta, state, last_result, _ = await self.sessions.snapshot(session_id, owner)
+        lease = stream_token()
+        if meta.status is SessionStatus.OPEN:
+            self.cache.keep(session_id, Kept(meta, state, last_result or {}, indexes_touched=0.0))
+            self.cache.pin(session_id)
+            await self.sessions.leases.take_for_stream(session_id, lease)
+            self._streams.add(self.sessions.leases.hold(session_id, lease))
+        return meta, lease
+
+    async def close_stream(self, session_id: str, lease: str) -> None:
+        """The stream closed: its state may be dropped like any other, its lease is given back."""
+        self.cache.unpin(session_id)
+        if (session_id, lease) in self._streams:
+            self._streams.discard((session_id, lease))
+            self.sessions.leases.drop(session_id, lease)
+            try:
+                await self.sessions.leases.release(session_id, lease)
+            except Exception:  # Redis is gone: the lease lapses by itself
+                log.info("could not give back the lease of a closed stream; it lapses within a lease")
 
     async def delete(self, meta: SessionMeta) -> None:
         """Drop the session ``meta`` describes (read by :meth:`status`, which refuses strangers)."""

@@ -5,7 +5,9 @@ On SIGTERM or SIGINT (:func:`service.server.drain_on_signals` hands the signal h
 1. **Drain** (``RTSERVE_SHUTDOWN_DRAIN_SECONDS``): ``/readyz`` answers 503 ``draining`` at once, so load balancers
    and the kubelet stop routing here, while the replica keeps accepting and serving as before. Every answer now
    carries ``Connection: close``: a keep-alive client opens a new connection for its next request, which a load
-   balancer sends to a replica still ready.
+   balancer sends to a replica still ready. Each session stream answers the piece it has in flight, then closes
+   with 1012 (service restart): its client reconnects, to a replica still ready, and resumes; a new stream is
+   refused (503).
 2. **Grace** (``RTSERVE_SHUTDOWN_TIMEOUT_SECONDS``): uvicorn stops accepting and closes idle connections; requests
    in flight, Server-Sent Events streams included, run on to their end.
 3. **Cut**: what still runs when the grace ends is cancelled and answered: a JSON 503 with ``Retry-After`` and the
@@ -22,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -47,6 +49,8 @@ class Shutdown:
         self._cut_at: float | None = None  # loop time at which what still runs is cut; None until the grace begins
         self._drain_timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Timeout] = set()
+        self._streams: set[Callable[[], None]] = set()  # each open stream's "close once the frame in flight is out"
+        self._stream_pieces = 0  # stream frames being answered
 
     def begin(self, stop_accepting: Callable[[], None]) -> None:
         """A shutdown signal. The first starts the drain and calls ``stop_accepting`` (uvicorn's own signal handler)
@@ -54,6 +58,8 @@ class Shutdown:
         uvicorn, a second Ctrl+C forces the exit)."""
         if not self.draining:
             self.draining = True
+            for close_soon in list(self._streams):
+                close_soon()
             log.info("shutting down: draining for %g s (/readyz answers 503, requests are still served), then "
                      "%g s of grace for requests in flight", self.drain_seconds, self.grace_seconds)
             self._drain_timer = asyncio.get_running_loop().call_later(self.drain_seconds, self._end_drain,
@@ -73,8 +79,29 @@ class Shutdown:
 
     @property
     def requests_in_flight(self) -> int:
-        """Requests of this app that have not ended (each runs in :meth:`cut_off`)."""
-        return len(self._running)
+        """Requests of this app that have not ended (each runs in :meth:`cut_off`), and stream frames being
+        answered (:meth:`piece`)."""
+        return len(self._running) + self._stream_pieces
+
+    @contextmanager
+    def streaming(self, close_soon: Callable[[], None]) -> Iterator[None]:
+        """An open session stream: ``close_soon`` is called when the drain begins (at once, if it has begun)."""
+        self._streams.add(close_soon)
+        try:
+            if self.draining:
+                close_soon()
+            yield
+        finally:
+            self._streams.discard(close_soon)
+
+    @asynccontextmanager
+    async def piece(self) -> AsyncIterator[None]:
+        """A stream frame being answered: counted as a request in flight."""
+        self._stream_pieces += 1
+        try:
+            yield
+        finally:
+            self._stream_pieces -= 1
 
     @asynccontextmanager
     async def cut_off(self) -> AsyncIterator[asyncio.Timeout]:

@@ -75,14 +75,23 @@ class Leases:
         """Keep the lease alive while the body runs (a step may outlast one lease): the keeper renews every lease
         held for a third of a lease or more, a third of a lease apart, so a lease is renewed between a third and
         two thirds of a lease after it was taken, and as often after that."""
+        self.hold(session_id, token)
+        try:
+            yield
+        finally:
+            self.drop(session_id, token)
+
+    def hold(self, session_id: str, token: str) -> tuple[str, str]:
+        """Keep a lease alive until :meth:`drop` (a stream's, for as long as it is open)."""
         key = (session_id, token)
         self._held[key] = time.monotonic()
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
-        try:
-            yield
-        finally:
-            self._held.pop(key, None)
+        return key
+
+    def drop(self, session_id: str, token: str) -> None:
+        """Stop renewing a lease :meth:`hold` kept."""
+        self._held.pop((session_id, token), None)
 
     async def take_for_stream(self, session_id: str, token: str) -> None:
         """Take the session's lease for a stream (over any lease another stream left)."""
