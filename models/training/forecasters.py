@@ -37,7 +37,7 @@ from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.ett import Scaler, load_split, windows, windows_to_score
 from models.data.files import SeriesTable
 from models.families import families, family
-from models.forecast_stream import LinearConfig, LinearForecaster
+from models.linear import LinearConfig, LinearForecaster
 from models.rsa import RSAConfig
 from models.rtransformer import RTransformerConfig
 from models.serving.forecasters import columns_and_targets, load_stream
