@@ -63,7 +63,7 @@ from torch import nn
 
 from models.decoding import BeamSearch, GreedySearch, Search
 from models.segment import State
-from models.summary_text import Lexicon
+from models.sentence_choice import Lexicon
 
 if TYPE_CHECKING:
     from models.checkpoint import Checkpoint

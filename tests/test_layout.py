@@ -50,9 +50,11 @@ RULES = [
      ("torch", "numpy", "models", "service", "export", "rtserve", "loadtest")),
     ("nothing below the command imports it", [*modules_under("service"), *modules_under("models"),
                                               *modules_under("export")], ("rtserve",)),
-    # what the service runs on the ONNX path: numpy only, so serving needs no PyTorch install
+    # what the service runs on the ONNX path (the streams, the search, sentence copy and letter case): numpy only,
+    # so serving needs no PyTorch install
     ("torch-free streams", [ROOT / "models" / f"{name}.py" for name in
-                            ("tensor_spec", "text_stream", "summary_stream", "classifier_stream", "decoding")],
+                            ("tensor_spec", "text_stream", "summary_stream", "classifier_stream", "decoding",
+                             "copy_units", "sentence_choice", "letter_case")],
      ("torch", "models.segment", "models.rmt", "models.srformer", "models.minilm")),
 ]
 

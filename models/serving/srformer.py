@@ -27,13 +27,14 @@ import torch.nn as nn
 
 from models.checkpoint import Checkpoint
 from models.detokenize import Detokenizer, sentence_end_ids
+from models.letter_case import DocumentCase
 from models.minilm import load_minilm_encoder
 from models.segment import TensorSpec
+from models.sentence_choice import copy_sentences
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
 from models.srformer import SRformer, SRformerConfig, kernel_product, load_srformer
 from models.summary_stream import Arrays, SummaryStream, state_and_chunk_specs
-from models.summary_text import DocumentCase, copy_sentences
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
 
@@ -104,7 +105,7 @@ class ServedDecoding:
     decoding: str  # "sentence" (copy, the salience head's choice) or "free" (generation)
     beams: int
     no_repeat_ngram: int
-    adjacency: float  # sentence copy's choice options (models.summary_text.choose_sentences)
+    adjacency: float  # sentence copy's choice options (models.sentence_choice.choose_sentences)
     trigram_overlap: float
 
 
@@ -366,7 +367,7 @@ class EagerSummarizer:
                          max_len: int | None = None, decoding: str | None = None, adjacency: float = 0.0,
                          trigram_overlap: float = 1.0) -> str:
         """The summary the service writes for these pieces (``decoding``: the model's default when None;
-        ``adjacency``, ``trigram_overlap``: sentence copy's, :func:`models.summary_text.choose_sentences`)."""
+        ``adjacency``, ``trigram_overlap``: sentence copy's, :func:`models.sentence_choice.choose_sentences`)."""
         state, chunks = self.init_state(), []
         for piece in pieces:
             state, chunk = self.feed(state, piece)
