@@ -33,7 +33,8 @@ from models.segment import TensorSpec
 from models.sentence_choice import copy_sentences
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
-from models.srformer import SRformer, SRformerConfig, kernel_product, load_srformer
+from models.srformer import SRformer, SRformerConfig, kernel_product
+from models.srformer_weights import load_srformer
 from models.summary_stream import Arrays, SummaryStream, state_and_chunk_specs
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
@@ -55,8 +56,8 @@ class EncodeWindow(nn.Module):
         outputs: list[torch.Tensor] = []
         for mem in self.model.memory(enc, mask, window_ids, first_prev):
             outputs += [mem["k"], mem["v"], mem["kv"], mem["ksq"]]
-        if self.model.salience is not None:  # a_t per token (models/summary_text.py)
-            outputs.append(self.model.salience(enc).squeeze(-1))
+        if self.model.salience is not None:  # a_t per token (models/salience_head.py)
+            outputs.append(self.model.salience(enc))
         return tuple(outputs)
 
 
@@ -244,8 +245,9 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
     state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh, c.kv_columns, c.salience)
     extras = checkpoint.extras
     served = served_decoding(checkpoint)
-    position = model.salience_position.tolist() if model.salience_position is not None else None
-    lexicon = model.lexicon()
+    head = model.salience
+    position = head.position.tolist() if head is not None else None
+    lexicon = head.lexicon() if head is not None else None
     return Servable(
         name="",
         task="summarize",
@@ -264,8 +266,8 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
             "metrics": extras.get("test_rouge", extras.get("metrics", {})),
         },
         assets={"tokenizer": tokenizer_file()},
-        tensor_assets={"lexicon": {"token_weight": model.salience_token.detach().float(),
-                                   "idf": model.salience_idf.float()}} if lexicon else {},
+        tensor_assets={"lexicon": {"token_weight": head.word.detach().float(),
+                                   "idf": head.idf.float()}} if head is not None and lexicon else {},
         initial_state={"last_source_id": torch.tensor([c.bos_id])},
     )
 
@@ -378,10 +380,11 @@ class EagerSummarizer:
         read = source_ids.shape[1]
         decoding = decoding or ("sentence" if c.salience else "free")
         if decoding == "sentence":
-            assert salience is not None and self.model.salience_position is not None, "no salience head"
+            head = self.model.salience
+            assert salience is not None and head is not None, "no salience head"
             target = c.summary_length or max(1, math.ceil(c.summary_ratio * read))
-            sentences = copy_sentences(text, self.tokenizer, salience, read, self.model.salience_position.tolist(),
-                                       target, max_len, self.model.lexicon(), adjacency, trigram_overlap)
+            sentences = copy_sentences(text, self.tokenizer, salience, read, head.position.tolist(), target, max_len,
+                                       head.lexicon(), adjacency, trigram_overlap)
             return " ".join(sentence for sentence, _ in sentences)
         layers = [{kind: torch.from_numpy(memory[f"{kind}{layer}"]) for kind in ("k", "v", "kv", "ksq")}
                   for layer in range(c.n_layer)]

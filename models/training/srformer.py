@@ -42,15 +42,8 @@ import torch.nn.functional as F
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.summarization import PairsFile, corpus_name, corpus_of, rouge_scores
 from models.families import family
-from models.srformer import (
-    RECURRENT_NORMS,
-    RECURRENT_PARTS,
-    SRformer,
-    SRformerConfig,
-    load_decoder_weights,
-    load_srformer,
-    warm_start_from_minilm,
-)
+from models.srformer import RECURRENT_NORMS, RECURRENT_PARTS, SRformer, SRformerConfig
+from models.srformer_weights import load_decoder_weights, load_srformer, warm_start_from_minilm
 from models.training.common import command_parser, hardware, recipe_record, seed_everything
 
 CACHE_ROOT = Path("cache")
