@@ -10,7 +10,7 @@ is kept only when the document has it, piece for piece. That removes two artifac
 from pieces of different document words (``kil`` + ``##rfield``), and a word cut at the length cap (``compan``
 before ``##y`` could come): a summary always ends at a word boundary.
 
-With a :class:`models.summary_text.DocumentCase`, each word then takes the letter case the document writes it
+With a :class:`models.letter_case.DocumentCase`, each word then takes the letter case the document writes it
 with, and sentence starts are capitalised: an uncased vocabulary does not show in the text.
 
 Streaming (:class:`WordStream`) sends text only once the words it holds can no longer change: a word is complete
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 from tokenizers import Tokenizer
 
-from models.summary_text import DocumentCase
+from models.letter_case import DocumentCase
 
 # (pattern, replacement), applied in order to the decoder's text
 _RULES: list[tuple[re.Pattern[str], str]] = [

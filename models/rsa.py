@@ -13,7 +13,7 @@ Reference: Huang, Yang, Xu, Zhu, Li, "Encoding Recurrence into Transformers", IC
 - The six head types k1..k6 of Sec. 3: regular, cyclical C1, cyclical C2, and their dilated
   versions. Prop. 2's extra identity head (P = I) is kind IDENTITY, used by the math tests.
 - ``RSAForecaster``: channel-independent patch encoder of RSA blocks with a linear head on
-  top of a direct linear path (models/forecast_stream.py); no positional encoding: the REMs
+  top of a direct linear path (models/patch_forecaster.py); no positional encoding: the REMs
   carry relative position, as in the paper's RSA models.
 """
 
@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.forecast_stream import PatchConfig, PatchForecaster, PreNormBlock
+from models.patch_forecaster import PatchConfig, PatchForecaster, PreNormBlock
 
 # REM kinds. The six configurable head types k1..k6 are (REGULAR, C1, C2) undilated then dilated.
 IDENTITY, REGULAR, CYCLIC_COS, CYCLIC_SIN = 0, 1, 2, 3

@@ -9,7 +9,7 @@ Reference: ../shared/papers/r-transformer.txt.
   h = LocalRNN(x); h^ = LN(h + x); u = MHA(h^); u^ = LN(u + h^); m = FFN(u^); x' = LN(m + u^).
 - No positional embedding: the LocalRNN carries order.
 - ``RTransformerForecaster``: the same channel-independent patch shell as RSA
-  (models/forecast_stream.py). Attention is unmasked by default because the look-back is
+  (models/patch_forecaster.py). Attention is unmasked by default because the look-back is
   known as a whole; ``causal=True`` gives the paper's autoregressive masking.
 """
 
@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.forecast_stream import MultiHeadAttention, PatchConfig, PatchForecaster
+from models.patch_forecaster import MultiHeadAttention, PatchConfig, PatchForecaster
 
 
 @dataclass

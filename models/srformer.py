@@ -5,17 +5,24 @@ References
   Sequence-to-Sequence Model" (../shared/papers/srformer-segmented-recurrent-transformer.txt):
   segmented attention Eq. (4), (6); O = O_S + O_R Eq. (11); recurrent attention
   O_R ~ Q_t RAF(K_R'V_R) / norm(K) Eq. (13); P_i = K'V - K_Si'V_Si Eq. (16);
-  RAF neurons Sec. 3.3; one decoder step Algorithm 1; masks App. A.3.
+  the kernel form of App. A.1, Eq. (22); RAF neurons Sec. 3.3; one decoder step Algorithm 1;
+  masks App. A.3.
 - Encoder: the frozen pip-installed MiniLM-L6 (models/minilm.py), run window by
   window (each window its own [CLS] ... [SEP] input of at most 512 positions).
 
-Three cross-attention variants share one decoder (``SRformerConfig.cross_attention`` names the
-class, ``CROSS_ATTENTION``):
+The decoder's cross-attention is one class per variant (``SRformerConfig.cross_attention`` and, for the
+SRformer, ``recurrent_norm`` name it: :func:`cross_attention`):
 - ``full`` (:class:`FullCrossAttention`): softmax attention over every encoder position (baseline).
 - ``segmented`` (:class:`SegmentedCrossAttention`): the query at step t reads only segment
   i = min(t*m // q, m-1) of the encoder keys (s positions), m = ceil(k/s) segments of the k valid keys.
 - ``srformer`` (:class:`SRformerCrossAttention`): segmented attention plus recurrent attention over
-  the other segments through a RAF neuron, Eq. (11).
+  the other segments through a RAF neuron, Eq. (11), O_R in the paper's form, Eq. (13).
+- ``srformer`` with ``recurrent_norm="kernel"`` (:class:`KernelSRformerCrossAttention`): the same with
+  O_R in the kernel form of App. A.1, Eq. (22).
+The SRformer's ablations are switches of its two classes: ``recurrent_gate`` weights O_R by a per-head
+scalar learned from 0 (Eq. 10's trainable weighting) instead of the plain sum of Eq. (11);
+``recurrent_part`` drops the RAF ("linear", the paper's ablation III) or O_R ("off", a diagnostic);
+``segmented_part=False`` drops O_S (ablation I).
 
 q, the summary length that fixes the segment schedule, is per document:
 ``q = ceil(summary_ratio * k)`` (BBC summaries are 0.45 of their article in
@@ -28,19 +35,22 @@ ids plus [SEP] (every summary token of the BBC train split occurs in its
 article); ``output_vocab="full"`` uses all of WordPiece. The word embeddings are
 MiniLM's (frozen, not stored in checkpoints) and are tied to the output layer.
 
-Copying (all modes alike): a pointer over the last layer's cross-attention
+Copying (every variant alike): a pointer over the last layer's cross-attention
 weights - the attended segment in the segmented/SRformer modes - is mixed with
-the vocabulary (``copy``); keys also carry the previous source token's
-embedding and values the token's own (``token_features``); and the attention
-score gets a learned per-head bonus where the source continues the summary's
-last one or two tokens (``copy_bias``, a score bias segmented with its keys
-like App. A.3's b_Si; it does not enter the recurrent part).
-``recurrent_gate`` weights O_R by a per-head scalar learned from 0 (Eq. 10's
-trainable weighting) instead of the plain sum of Eq. (11).
+the vocabulary (See et al. 2017); keys also carry the previous source token's
+embedding and values the token's own; and the attention score gets a learned
+per-head bonus where the source continues the summary's last one or two tokens
+(a score bias segmented with its keys like App. A.3's b_Si; it does not enter the
+recurrent part).
 
 Decoder blocks are pre-LN (:class:`Block`, ``norm_position="pre"``, trained from scratch: the
-shipped recipe) or post-LN like BERT's (:class:`PostLNBlock`), so that :func:`warm_start_from_minilm`
-can start them from MiniLM's layers (BERT2BERT, Rothe et al., 2020).
+shipped recipe) or post-LN like BERT's (:class:`PostLNBlock`), so that
+``models.srformer_weights.warm_start_from_minilm`` can start them from MiniLM's layers (BERT2BERT,
+Rothe et al., 2020).
+
+With ``salience``, the model carries the salience head that sentence copy reads
+(``models/salience_head.py``). A model's weights come from a checkpoint, and its word embeddings from
+MiniLM, through ``models/srformer_weights.py``.
 
 Serving (the segment contract, docs/architecture.md): the decoder step (:meth:`SRformer.step`) is a pure
 tensor function, caches and RAF state in, log-probabilities and caches out; :meth:`SRformer.memory`
@@ -52,9 +62,9 @@ stream, ``models/summary_stream.py`` (numpy), which the service wraps over the e
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -62,11 +72,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.decoding import BeamSearch, GreedySearch, Search
+from models.salience_head import SalienceHead, from_checkpoint_names, to_checkpoint_names
 from models.segment import State
-from models.summary_text import Lexicon
-
-if TYPE_CHECKING:
-    from models.checkpoint import Checkpoint
 
 TensorPair = tuple[torch.Tensor, torch.Tensor]
 
@@ -74,16 +81,6 @@ MODES = ("full", "segmented", "srformer")
 RECURRENT_NORMS = ("norm_k", "kernel")
 RECURRENT_PARTS = ("raf", "linear", "off")
 NEG = -1e30  # additive mask value (finite: a fully masked row stays finite)
-
-
-def neg(dtype: torch.dtype) -> float:
-    """NEG where ``dtype`` holds it (fp32, bf16), else its most negative finite value (fp16: -65504)."""
-    return max(NEG, torch.finfo(dtype).min)
-
-
-def tiny(dtype: torch.dtype, eps: float) -> float:
-    """``eps`` where ``dtype`` resolves it, else its smallest normal value (1e-12 is 0 in fp16)."""
-    return max(eps, torch.finfo(dtype).tiny)
 
 
 @dataclass
@@ -104,18 +101,15 @@ class SRformerConfig:
     layer_norm_eps: float = 1e-5  # BERT's is 1e-12
     raf_clamp: float = 1e4  # App. A.3: clamp K'V and P before the RAF neuron
     output_vocab: str = "source"  # "source": ids of the document + [SEP]; "full": all ids
-    copy: bool = True  # pointer over the attended segment mixed with the vocabulary (See et al. 2017)
-    token_features: bool = True  # keys also see the previous source token's embedding, values the token's
-    copy_bias: bool = True  # learned score bonus where the source continues the summary's last 1-2 tokens
     recurrent_gate: bool = False  # O = O_S + g*O_R, g per head learned (Eq. 10's trainable weight) ...
     gate_init: float = 0.0  # ... starting from this value
-    recurrent_norm: str = "norm_k"  # "norm_k": Q RAF(P) / norm(K) (Eq. 13); "kernel": App. A.1 Eq. (22), below
+    recurrent_norm: str = "norm_k"  # "norm_k": Q RAF(P) / norm(K) (Eq. 13); "kernel": App. A.1 Eq. (22)
     recurrent_part: str = "raf"  # "raf" (Sec. 3.3); ablations: "linear" (no RAF, paper's III), "off" (O_R = 0)
     segmented_part: bool = True  # False: O = O_R only (the paper's ablation I; the copy pointer still reads S_i)
     raf_threshold: float = 0.01  # the RAF threshold's initial value
     encoder_window: int = 510  # WordPiece tokens per encoder window (+ [CLS], [SEP] = 512)
     max_source: int = 1024  # tokens of a document read (training/eval truncation; 0 = all)
-    salience: bool = False  # a sentence scorer on the encoder's outputs, for sentence copy (below)
+    salience: bool = False  # a sentence scorer on the encoder's outputs, for sentence copy (models/salience_head.py)
     salience_lexical: bool = False  # ... plus a weight per WordPiece id and centrality and length terms
     bos_id: int = 101  # [CLS] starts the summary
     eos_id: int = 102  # [SEP] ends it
@@ -140,6 +134,16 @@ class SRformerConfig:
         """Columns of the running K'V per head: the kernel form carries sum(phi(K)) as one more column."""
         head_dim = self.d_model // self.n_head
         return head_dim + 1 if self.cross_attention == "srformer" and self.recurrent_norm == "kernel" else head_dim
+
+
+def neg(dtype: torch.dtype) -> float:
+    """NEG where ``dtype`` holds it (fp32, bf16), else its most negative finite value (fp16: -65504)."""
+    return max(NEG, torch.finfo(dtype).min)
+
+
+def tiny(dtype: torch.dtype, eps: float) -> float:
+    """``eps`` where ``dtype`` resolves it, else its smallest normal value (1e-12 is 0 in fp16)."""
+    return max(eps, torch.finfo(dtype).tiny)
 
 
 def schedule_length(config: SRformerConfig, k_valid: torch.Tensor) -> torch.Tensor:
@@ -255,9 +259,10 @@ def kernel_product(K: torch.Tensor, V: torch.Tensor, keep: torch.Tensor) -> torc
 
 
 class CrossAttention(nn.Module):
-    """What the three cross-attention variants share: projections, the encoder-side memory (Eq. 15)
-    and the copy features. The variants differ in which keys a step reads (:meth:`forward`, :meth:`step`):
-    :class:`FullCrossAttention`, :class:`SegmentedCrossAttention`, :class:`SRformerCrossAttention`."""
+    """What the cross-attention variants share: projections, the encoder-side memory (Eq. 15) and the
+    copy features. The variants differ in which keys a step reads (:meth:`forward`, :meth:`step`):
+    :class:`FullCrossAttention`, :class:`SegmentedCrossAttention`, and the SRformer's
+    :class:`SRformerCrossAttention` and :class:`KernelSRformerCrossAttention`."""
 
     def __init__(self, config: SRformerConfig):
         super().__init__()
@@ -268,12 +273,11 @@ class CrossAttention(nn.Module):
         self.k_proj = nn.Linear(config.embed_dim, config.d_model)
         self.v_proj = nn.Linear(config.embed_dim, config.d_model)
         self.o_proj = nn.Linear(config.d_model, config.d_model)
-        self.token_features = config.token_features
-        if self.token_features:
-            self.k_prev = nn.Linear(config.embed_dim, config.d_model, bias=False)
-            self.v_tok = nn.Linear(config.embed_dim, config.d_model, bias=False)
+        # copy features: keys see the previous source token's embedding, values the token's own
+        self.k_prev = nn.Linear(config.embed_dim, config.d_model, bias=False)
+        self.v_tok = nn.Linear(config.embed_dim, config.d_model, bias=False)
         # per head: bonus when source token j-1 equals the last summary token, and when j-2, j-1 equal the last two
-        self.match = nn.Parameter(torch.full((config.n_head, 2), 2.0)) if config.copy_bias else None
+        self.match = nn.Parameter(torch.full((config.n_head, 2), 2.0))
 
     # -- encoder side: what a window adds to the state ---------------------------------
     def memory(self, enc: torch.Tensor, mask: torch.Tensor, tok_emb: torch.Tensor,
@@ -287,9 +291,8 @@ class CrossAttention(nn.Module):
         """
         B, k, _ = enc.shape
         keep = mask[:, None, :, None].to(enc.dtype)  # (B, 1, k, 1)
-        keys, values = self.k_proj(enc), self.v_proj(enc)  # (B, k, d)
-        if self.token_features:
-            keys, values = keys + self.k_prev(prev_emb), values + self.v_tok(tok_emb)
+        keys = self.k_proj(enc) + self.k_prev(prev_emb)  # (B, k, d)
+        values = self.v_proj(enc) + self.v_tok(tok_emb)  # (B, k, d)
         K = keys.view(B, k, self.n_head, self.dh).transpose(1, 2) * keep  # (B, h, k, dh)
         V = values.view(B, k, self.n_head, self.dh).transpose(1, 2) * keep  # (B, h, k, dh)
         kv = K.transpose(-2, -1) @ V  # (B, h, dh, dh) Eq. (15): K'V
@@ -317,8 +320,7 @@ class CrossAttention(nn.Module):
         K, V = mem["k"], mem["v"]  # (B, h, k, dh)
         Q = self.q_proj(x).view(B, T, self.n_head, self.dh).transpose(1, 2)  # (B, h, T, dh)
         att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, T, k) Eq. (3)
-        if self.match is not None:  # a score bias
-            att = att + torch.einsum("hc,bctk->bhtk", self.match, match)
+        att = att + torch.einsum("hc,bctk->bhtk", self.match, match)  # the copy bias
         att = att.masked_fill(~mask[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
         return self.o_proj((att @ V).transpose(1, 2).reshape(B, T, d)), att  # Eq. (5)
 
@@ -360,8 +362,7 @@ class FullCrossAttention(CrossAttention):
         K, V = mem["k"], mem["v"]  # (B, h, k, dh)
         B, k = mask.shape
         att = (Q @ K.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, k) Eq. (3)
-        if self.match is not None:
-            att = att + torch.einsum("hc,bck->bhk", self.match, context)[:, :, None]
+        att = att + torch.einsum("hc,bck->bhk", self.match, context)[:, :, None]  # the copy bias
         att = att.masked_fill(~mask[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
         pos = torch.arange(k, device=Q.device).expand(B, k)
         return att @ V, att, pos, (K, V, mask[:, None, :, None].to(K.dtype))  # (B, h, 1, dh) Eq. (5)
@@ -410,8 +411,7 @@ class SegmentedCrossAttention(CrossAttention):
         Ks, Vs = (F.pad(t, (0, 0, 0, m * self.s - k)).view(B, h, m, self.s, self.dh).gather(2, index) for t in (K, V))
         scores = runs.to_blocks(Q) @ Ks.transpose(-2, -1)  # (B, h, R, L, s)
         att = runs.from_blocks(scores) / math.sqrt(self.dh)  # (B, h, T, s) Eq. (4)
-        if self.match is not None:  # b_Si: the bias of the segment's positions only
-            att = att + torch.einsum("hc,bcts->bhts", self.match, match)
+        att = att + torch.einsum("hc,bcts->bhts", self.match, match)  # b_Si: the bias of the segment's positions
         _, valid = self._segment_positions(seg, mask)  # (B, T, s)
         att = att.masked_fill(~valid[:, None], neg(att.dtype)).softmax(dim=-1)
         out = runs.from_blocks(runs.to_blocks(att) @ Vs)  # (B, h, T, dh) Eq. (6): O_S
@@ -434,75 +434,86 @@ class SegmentedCrossAttention(CrossAttention):
         Ks = K.gather(2, gidx) * keep  # (B, h, s, dh) K_Si
         Vs = V.gather(2, gidx) * keep  # (B, h, s, dh) V_Si
         att = (Q @ Ks.transpose(-2, -1)) / math.sqrt(self.dh)  # (B, h, 1, s) Eq. (4)
-        if self.match is not None:  # b_Si: the bias of the segment's positions only
-            seg_context = context.gather(2, pos[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
-            att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]
+        seg_context = context.gather(2, pos[:, None, :].expand(B, 2, self.s))  # (B, 2, s)
+        att = att + torch.einsum("hc,bcs->bhs", self.match, seg_context)[:, :, None]  # b_Si, the segment's bias
         att = att.masked_fill(~valid[:, None, None, :], neg(att.dtype)).softmax(dim=-1)
         return att @ Vs, att, pos, (Ks, Vs, keep)  # (B, h, 1, dh) Eq. (6): O_S
 
 
 class SRformerCrossAttention(SegmentedCrossAttention):
     """``srformer``: segmented attention plus recurrent attention over the other segments through a RAF
-    neuron, O = O_S + O_R (Eq. 11; with ``recurrent_gate``, O_S + g O_R, Eq. 10's trainable weight).
+    neuron, O = O_S + O_R (Eq. 11), O_R in the paper's form (Eq. 13):
 
-    O_R, by ``recurrent_norm``:
-    - ``norm_k`` (Eq. 13): Q_t RAF(P_i) / norm(K), P_i = K'V - K_Si'V_Si (Eq. 16).
-    - ``kernel`` (App. A.1, Eq. 22, with phi = elu + 1): phi(Q_t) RAF(P_i / c_i) / (phi(Q_t) z_i / c_i),
-      P_i = sum over the remaining positions R_i of phi(K_j)'V_j, z_i = sum over R_i of phi(K_j), and
-      c_i = mean(z_i) (ours: dividing both by the same scalar leaves Eq. 22 unchanged and gives the
-      RAF an input whose scale does not grow with the document, so its threshold means the same at
-      any length). The RAF runs with unit gain (:class:`RAF`). Without the RAF (``recurrent_part=
-      "linear"``) this is exactly Eq. 22, linear attention over R_i, on O_S's scale.
-    ``recurrent_part="off"`` zeroes O_R (the segmented model with these weights: a diagnostic), and
-    ``segmented_part=False`` drops O_S (the paper's ablation I).
+        O_R[t] = Q_t RAF(P_i) / norm(K),   P_i = K'V - K_Si'V_Si (Eq. 16)
+
+    with i the segment step t reads. The RAF updates only when i changes (Algorithm 1).
+
+    The ablations: ``recurrent_gate`` gives O_S + g O_R (Eq. 10's trainable weight; :meth:`_combine`),
+    ``segmented_part=False`` drops O_S (the paper's ablation I; :meth:`_combine`), ``recurrent_part="linear"``
+    drops the RAF (ablation III; :meth:`_accumulate`) and ``recurrent_part="off"`` skips O_R in both paths
+    (the segmented model with these weights, RAF and all: a diagnostic).
+
+    The kernel form of O_R (:class:`KernelSRformerCrossAttention`) overrides what it changes: the
+    products the memory accumulates and the step reads (:meth:`memory`, :meth:`_remaining`,
+    :meth:`_step_raf_input`), the RAF's input and the query's features (:meth:`_raf_input`,
+    :meth:`_query_features`) and the divisor (:meth:`_divisor`, :meth:`_step_divisor`).
     """
+
+    raf_unit_gain = False  # the RAF's input scaled by (1 - leak) (:class:`RAF`)
 
     def __init__(self, config: SRformerConfig):
         super().__init__(config)
-        self.kernel = config.recurrent_norm == "kernel"
         self.part = config.recurrent_part
         self.segmented_part = config.segmented_part
         if self.part == "off" and not self.segmented_part:
             raise ValueError("recurrent_part='off' with segmented_part=False leaves no cross-attention")
-        self.raf = RAF(self.dh, config.raf_clamp, config.raf_threshold, unit_gain=self.kernel)
+        self.raf = RAF(self.dh, config.raf_clamp, config.raf_threshold, unit_gain=self.raf_unit_gain)
         # Eq. (10): a trainable weight on O_R, from gate_init (0: the model starts as the segmented one)
         self.gate = (nn.Parameter(torch.full((config.n_head, 1, 1), float(config.gate_init)))
                      if config.recurrent_gate else None)
         self.stats: dict[str, torch.Tensor] = {}  # of the last parallel forward: sizes of O_S, O_R; RAF firing
 
-    def memory(self, enc: torch.Tensor, mask: torch.Tensor, tok_emb: torch.Tensor,
-               prev_emb: torch.Tensor) -> dict[str, torch.Tensor]:
-        mem = super().memory(enc, mask, tok_emb, prev_emb)
-        if self.kernel:  # the running sums of Eq. (22): phi(K)'[V, 1], (B, h, dh, dh + 1)
-            mem["kv"] = kernel_product(mem["k"], mem["v"], mask[:, None, :, None].to(enc.dtype))
-        return mem
+    # -- what Eq. 13 computes; the kernel form overrides these ---------------------------
+    def _remaining(self, mem: Mapping[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """P_i for every segment i (B, h, m, dh, dh), Eq. (16)."""
+        return remaining_products(mem, self.s)
 
     def _raf_input(self, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """What the RAF reads from P (..., dh, c), and for the kernel form the divisor z_i / c_i (..., dh)."""
-        if not self.kernel:
-            return P, None
-        z = P[..., -1]  # (..., dh): sum of phi(K_j) over R_i
-        c = z.mean(dim=-1, keepdim=True).clamp(min=tiny(P.dtype, 1e-6))  # (..., 1)
-        return P[..., :-1] / c[..., None], z / c
+        """What the RAF reads of P (..., dh, c), and the divisor the kernel form reads beside it (None here)."""
+        return P, None
 
+    def _step_raf_input(self, mem: Mapping[str, torch.Tensor], Ks: torch.Tensor, Vs: torch.Tensor,
+                        keep: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """The RAF's input of one step from the segment it reads, K_Si, V_Si (B, h, s, dh): P_i, Eq. (16)."""
+        return mem["kv"] - Ks.transpose(-2, -1) @ Vs  # (B, h, dh, dh)
+
+    def _step_divisor(self, mem: Mapping[str, torch.Tensor], Ks: torch.Tensor, keep: torch.Tensor
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """What one step reads of its segment for the divisor, and the scale of the RAF's input: nothing for
+        Eq. 13, whose norm(K) the memory holds."""
+        return None, None
+
+    def _query_features(self, Q: torch.Tensor) -> torch.Tensor:
+        """What multiplies RAF(P): Q_t (Eq. 13)."""
+        return Q
+
+    def _divisor(self, features: torch.Tensor, z: torch.Tensor | None, mem: Mapping[str, torch.Tensor]
+                 ) -> torch.Tensor:
+        """What O_R's numerator is divided by: norm(K) per head (B, h, 1, 1), Eq. (13)."""
+        return mem["ksq"].clamp(min=tiny(features.dtype, 1e-12)).sqrt()[:, :, None, None]
+
+    # -- the recurrent part ----------------------------------------------------------------
     def _accumulate(self, x: torch.Tensor, membrane: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RAF(x) and the next membrane (Sec. 3.3), or x itself without the RAF (ablation III)."""
         return self.raf(x, membrane) if self.part == "raf" else (x, membrane)
 
-    def _query_features(self, Q: torch.Tensor) -> torch.Tensor:
-        """What multiplies RAF(P): Q_t (Eq. 13) or phi(Q_t) (Eq. 22)."""
-        return phi(Q) if self.kernel else Q
-
     def _normalised(self, numerator: torch.Tensor, features: torch.Tensor, z: torch.Tensor | None,
                     mem: Mapping[str, torch.Tensor], has_rest: torch.Tensor) -> torch.Tensor:
         """O_R (B, h, T, dh) from its numerator, the query features (B, h, T, dh) and, for the kernel form,
-        the divisor z (B, h, T, dh): divided by norm(K) (Eq. 13) or by phi(Q_t) z (Eq. 22). Zero where the
-        step's R_i holds no valid position (has_rest (B, T) false: a document of one segment), where
-        Eq. 22 is 0/0 and a learned negative threshold would otherwise fire into it."""
-        if z is None:
-            o_r = numerator / mem["ksq"].clamp(min=tiny(features.dtype, 1e-12)).sqrt()[:, :, None, None]
-        else:
-            o_r = numerator / (features * z).sum(dim=-1, keepdim=True).clamp(min=tiny(features.dtype, 1e-6))
+        the divisor z (B, h, T, dh). Zero where the step's R_i holds no valid position (has_rest (B, T)
+        false: a document of one segment), where Eq. 22 is 0/0 and a learned negative threshold would
+        otherwise fire into it."""
+        o_r = numerator / self._divisor(features, z, mem)
         return o_r * has_rest[:, None, :, None].to(o_r.dtype)
 
     def _combine(self, o_s: torch.Tensor, o_r: torch.Tensor) -> torch.Tensor:
@@ -517,7 +528,7 @@ class SRformerCrossAttention(SegmentedCrossAttention):
             return out
         B, h, k, dh = mem["k"].shape
         T = seg.shape[1]
-        P = remaining_products(mem, self.s, mask if self.kernel else None)  # (B, h, m, dh, c) Eq. (16)
+        P = self._remaining(mem, mask)  # (B, h, m, dh, c) Eq. (16)
         x, z = self._raf_input(P)  # (B, h, m, dh, dh), divisor (B, h, m, dh)
         # Algorithm 1: the RAF updates only when the segment index changes (and at t = 0): once per run
         R = runs.visited.shape[1]
@@ -549,20 +560,11 @@ class SRformerCrossAttention(SegmentedCrossAttention):
             return out, membrane, raf_out
         Ks, Vs, keep = read  # (B, h, s, dh), (B, 1, s, 1): the segment the softmax part read
         changed = (seg != prev)[:, None, None, None]  # update only when the index changes
-        z = None
-        if self.kernel:  # the divisor is read every step (s * dh); the (dh, dh) product only on change
-            Ks = phi(Ks) * keep  # phi(K_Si), zero where not valid
-            z_rest = mem["kv"][..., -1] - Ks.sum(dim=-2)  # (B, h, dh)
-            c = z_rest.mean(dim=-1, keepdim=True).clamp(min=tiny(Q.dtype, 1e-6))  # (B, h, 1)
-            z = (z_rest / c)[:, :, None, :]  # (B, h, 1, dh)
+        z, scale = self._step_divisor(mem, Ks, keep)  # read every step; the (dh, dh) product only on change
         # eager mode skips the update when no row changed; traced/exported graphs always
         # compute it and select (same result, no data-dependent branch)
         if torch.jit.is_tracing() or torch.compiler.is_exporting() or bool(changed.any()):
-            if self.kernel:
-                x = (mem["kv"][..., :-1] - Ks.transpose(-2, -1) @ Vs) / c[..., None]  # Eq. (16) with phi
-            else:
-                x = mem["kv"] - Ks.transpose(-2, -1) @ Vs  # (B, h, dh, dh) Eq. (16)
-            new_out, new_membrane = self._accumulate(x, membrane)
+            new_out, new_membrane = self._accumulate(self._step_raf_input(mem, Ks, Vs, keep, scale), membrane)
             raf_out = torch.where(changed, new_out, raf_out)
             membrane = torch.where(changed, new_membrane, membrane)
         features = self._query_features(Q)  # (B, h, 1, dh)
@@ -571,9 +573,80 @@ class SRformerCrossAttention(SegmentedCrossAttention):
         return self._combine(out, o_r), membrane, raf_out  # Eq. (11)
 
 
-CROSS_ATTENTION: dict[str, type[CrossAttention]] = {
-    "full": FullCrossAttention, "segmented": SegmentedCrossAttention, "srformer": SRformerCrossAttention,
+class KernelSRformerCrossAttention(SRformerCrossAttention):
+    """``srformer`` with ``recurrent_norm="kernel"``: O_R in the form of App. A.1, Eq. (22), with the
+    kernel phi = elu + 1 (Katharopoulos et al., 2020):
+
+        O_R[t] = phi(Q_t) RAF(P_i / c_i) / (phi(Q_t) z_i / c_i)
+
+    P_i = sum over the remaining positions R_i of phi(K_j)'V_j, z_i = sum over R_i of phi(K_j), and
+    c_i = mean(z_i) (ours: dividing both by the same scalar leaves Eq. 22 unchanged and gives the RAF an
+    input whose scale does not grow with the document, so its threshold means the same at any length).
+    The running K'V carries sum(phi(K)) as one more column (``SRformerConfig.kv_columns``). The RAF runs
+    with unit gain (:class:`RAF`). Without the RAF (``recurrent_part="linear"``) this is exactly Eq. 22,
+    linear attention over R_i, on O_S's scale.
+    """
+
+    raf_unit_gain = True
+
+    def memory(self, enc: torch.Tensor, mask: torch.Tensor, tok_emb: torch.Tensor,
+               prev_emb: torch.Tensor) -> dict[str, torch.Tensor]:
+        mem = super().memory(enc, mask, tok_emb, prev_emb)
+        # the running sums of Eq. (22): phi(K)'[V, 1], (B, h, dh, dh + 1)
+        mem["kv"] = kernel_product(mem["k"], mem["v"], mask[:, None, :, None].to(enc.dtype))
+        return mem
+
+    def _remaining(self, mem: Mapping[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """[P_i, z_i] for every segment i (B, h, m, dh, dh + 1): Eq. (16) with phi."""
+        return remaining_products(mem, self.s, mask)
+
+    def _raf_input(self, P: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """P_i / c_i (..., dh, dh) and z_i / c_i (..., dh) from [P_i, z_i] (..., dh, dh + 1)."""
+        z = P[..., -1]  # (..., dh): sum of phi(K_j) over R_i
+        c = z.mean(dim=-1, keepdim=True).clamp(min=tiny(P.dtype, 1e-6))  # (..., 1)
+        return P[..., :-1] / c[..., None], z / c
+
+    def _step_divisor(self, mem: Mapping[str, torch.Tensor], Ks: torch.Tensor, keep: torch.Tensor
+                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """z_i / c_i (B, h, 1, dh) and c_i (B, h, 1) of the step's segment: the running sum of phi(K) less
+        S_i's (s * dh per step)."""
+        z_rest = mem["kv"][..., -1] - (phi(Ks) * keep).sum(dim=-2)  # (B, h, dh); phi(K_Si), zero where not valid
+        c = z_rest.mean(dim=-1, keepdim=True).clamp(min=tiny(Ks.dtype, 1e-6))  # (B, h, 1)
+        return (z_rest / c)[:, :, None, :], c
+
+    def _step_raf_input(self, mem: Mapping[str, torch.Tensor], Ks: torch.Tensor, Vs: torch.Tensor,
+                        keep: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """P_i / c_i (B, h, dh, dh): Eq. (16) with phi, scaled by the step's c_i."""
+        assert scale is not None
+        return (mem["kv"][..., :-1] - (phi(Ks) * keep).transpose(-2, -1) @ Vs) / scale[..., None]
+
+    def _query_features(self, Q: torch.Tensor) -> torch.Tensor:
+        """What multiplies RAF(P): phi(Q_t) (Eq. 22)."""
+        return phi(Q)
+
+    def _divisor(self, features: torch.Tensor, z: torch.Tensor | None, mem: Mapping[str, torch.Tensor]
+                 ) -> torch.Tensor:
+        """phi(Q_t) z_i / c_i (B, h, T, 1), Eq. (22)."""
+        assert z is not None
+        return (features * z).sum(dim=-1, keepdim=True).clamp(min=tiny(features.dtype, 1e-6))
+
+
+def srformer_cross_attention(config: SRformerConfig) -> SRformerCrossAttention:
+    """``srformer``: the class of the config's form of O_R (``recurrent_norm``)."""
+    if config.recurrent_norm == "kernel":
+        return KernelSRformerCrossAttention(config)
+    return SRformerCrossAttention(config)
+
+
+# the cross-attention of each mode (``SRformerConfig.cross_attention``), built from the config
+CROSS_ATTENTION: dict[str, Callable[[SRformerConfig], CrossAttention]] = {
+    "full": FullCrossAttention, "segmented": SegmentedCrossAttention, "srformer": srformer_cross_attention,
 }
+
+
+def cross_attention(config: SRformerConfig) -> CrossAttention:
+    """The cross-attention a config names: its mode, and for the SRformer the form of O_R."""
+    return CROSS_ATTENTION[config.cross_attention](config)
 
 
 class SelfAttention(nn.Module):
@@ -618,7 +691,7 @@ class Block(nn.Module):
         self.ln_1 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.attn = SelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.cross = CROSS_ATTENTION[config.cross_attention](config)
+        self.cross = cross_attention(config)
         self.ln_3 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.mlp = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model))
@@ -675,11 +748,11 @@ BLOCKS: dict[str, type[Block]] = {"pre": Block, "post": PostLNBlock}
 
 
 class SRformer(nn.Module):
-    """The decoder (and the encoder-side projections) of the summarizer.
+    """The decoder (and the encoder-side projections) of the summarizer, and its salience head.
 
     Word embeddings are a non-persistent buffer filled from MiniLM by
-    :func:`load_srformer` (random in tests), so checkpoints hold only the
-    decoder's own weights.
+    ``models.srformer_weights.load_srformer`` (random in tests), so checkpoints hold only the
+    decoder's own weights (and the head's, under the names of ``models.salience_head.CHECKPOINT_NAMES``).
     """
 
     def __init__(self, config: SRformerConfig):
@@ -695,31 +768,12 @@ class SRformer(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.embed_out = nn.Linear(config.d_model, config.embed_dim)  # tied to wte after this
         self.out_bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self.copy_gate = nn.Linear(config.d_model, 1) if config.copy else None
-        # The salience head (models/summary_text.py): a_t = w . e_t + b per source token on the frozen
-        # encoder's output, and the weights p of a sentence's position; sentence copy takes the sentences
-        # whose mean a_t plus position term scores highest. Fitted apart from the decoder
-        # (models/training/srformer_salience.py), as the encoder is frozen.
-        # With a lexicon (salience_lexical): a weight v per WordPiece id, the weights q of a sentence's
-        # centrality and length, and the idf those are counted with.
-        if config.salience:
-            self.salience = nn.Linear(config.embed_dim, 1)
-            self.salience_position = nn.Parameter(torch.zeros(3))
-        else:
-            self.salience, self.salience_position = None, None
-        if config.salience and config.salience_lexical:
-            self.salience_token = nn.Parameter(torch.zeros(config.vocab_size))
-            self.salience_lexical = nn.Parameter(torch.zeros(2))
-            self.register_buffer("salience_idf", torch.ones(config.vocab_size))
-        else:
-            self.salience_token, self.salience_lexical, self.salience_idf = None, None, None
-
-    def lexicon(self) -> Lexicon | None:
-        """The salience head's lexical part, as sentence copy reads it (None without one)."""
-        if self.salience_lexical is None:
-            return None
-        q = self.salience_lexical.detach().double().tolist()
-        return Lexicon(self.salience_token.detach().double().numpy(), self.salience_idf.double().numpy(), (q[0], q[1]))
+        self.copy_gate = nn.Linear(config.d_model, 1)  # g: the vocabulary's share against the pointer's
+        # what sentence copy reads: a_t per source token on the encoder's outputs, and its sentence weights
+        self.salience = (SalienceHead(config.embed_dim, config.vocab_size, config.salience_lexical)
+                         if config.salience else None)
+        self.register_state_dict_post_hook(to_checkpoint_names)  # the head's tensors under their checkpoint names
+        self.register_load_state_dict_pre_hook(from_checkpoint_names)
 
     # -- encoder side ----------------------------------------------------------------------
     def memory(self, enc: torch.Tensor, mask: torch.Tensor, source_ids: torch.Tensor,
@@ -786,7 +840,7 @@ class SRformer(nn.Module):
         """Log-probabilities (B, T, V) over vocab_ids from decoder states x (B, T, d).
 
         ``head``: the output layer folded for these ids (:meth:`output_head`), else it is applied as
-        written. With ``copy``: p = g p_vocab + (1 - g) p_copy, p_copy the last layer's
+        written. The pointer is mixed in: p = g p_vocab + (1 - g) p_copy, p_copy the last layer's
         cross-attention weights att (B, h, T, n) over source positions pos (B, n)
         (the attended segment in segmented/SRformer modes), averaged over heads
         and added up per token id.
@@ -800,8 +854,6 @@ class SRformer(nn.Module):
             weight, bias = head
             logits = (x @ weight.transpose(1, 2) + bias[:, None, :]).float()  # (B, T, V)
         logits = logits.masked_fill(~vocab_mask[:, None, :], NEG)
-        if self.copy_gate is None:
-            return logits.log_softmax(dim=-1)
         B, T, V = logits.shape
         gate = torch.sigmoid(self.copy_gate(x)).float()  # (B, T, 1)
         if pos.dim() == 2:  # the same positions for every step
@@ -949,7 +1001,7 @@ def continuation(prev1: torch.Tensor, prev2: torch.Tensor, last1: torch.Tensor, 
 
 
 # --------------------------------------------------------------------------------------------
-# Encoder side: MiniLM window by window, and the streaming segment model
+# Encoder side: MiniLM window by window
 # --------------------------------------------------------------------------------------------
 
 
@@ -964,79 +1016,3 @@ def encode_windows(encoder: nn.Module, ids: torch.Tensor, window: int, cls_id: i
     if not outs:
         return torch.zeros(0, encoder.config.hidden_size)
     return torch.cat(outs, dim=0)
-
-
-@torch.no_grad()
-def warm_start_from_minilm(model: SRformer) -> None:
-    """BERT2BERT-style start (Rothe et al., 2020): the decoder's embedding LayerNorm and positions, and
-    each block's self-attention, MLP and their LayerNorms from MiniLM's layers 0..n_layer-1 (the
-    self-attention made causal by the decoder's mask). Cross-attention, the copy gate and the output
-    projection keep their random initialization; ``embed_in`` starts as the identity."""
-    from models.minilm import minilm_config, minilm_state_dict
-
-    c, bert = model.config, minilm_config()
-    shape = (c.norm_position, c.d_model, c.embed_dim, c.n_head, c.d_ff, c.layer_norm_eps)
-    if shape != ("post", bert.hidden_size, bert.hidden_size, bert.num_attention_heads, bert.intermediate_size,
-                 bert.layer_norm_eps) \
-            or c.n_layer > bert.num_hidden_layers:
-        raise ValueError(f"warm start needs MiniLM's shape (post-LN, d={bert.hidden_size}, "
-                         f"{bert.num_attention_heads} heads, d_ff={bert.intermediate_size}, eps={bert.layer_norm_eps}, "
-                         f"at most {bert.num_hidden_layers} layers), not {shape} with {c.n_layer} layers")
-    mini = minilm_state_dict()
-    assert model.ln_e is not None
-    model.embed_in.weight.copy_(torch.eye(c.d_model))
-    positions = min(c.max_target, mini["embeddings.position_embeddings.weight"].shape[0])
-    model.wpe.weight[:positions] = (mini["embeddings.position_embeddings.weight"][:positions]
-                                    + mini["embeddings.token_type_embeddings.weight"][0])
-    model.ln_e.load_state_dict({"weight": mini["embeddings.LayerNorm.weight"],
-                                "bias": mini["embeddings.LayerNorm.bias"]})
-    for i, block in enumerate(model.blocks):
-        layer = {name[len(f"layer.{i}."):]: t for name, t in mini.items() if name.startswith(f"layer.{i}.")}
-        for part in ("weight", "bias"):
-            block.attn.qkv.get_parameter(part).copy_(torch.cat([layer[f"attention.{n}.{part}"]
-                                                                for n in ("query", "key", "value")]))
-            block.attn.proj.get_parameter(part).copy_(layer[f"attention.dense.{part}"])
-            block.ln_1.get_parameter(part).copy_(layer[f"attention.LayerNorm.{part}"])
-            block.mlp[0].get_parameter(part).copy_(layer[f"intermediate.{part}"])
-            block.mlp[2].get_parameter(part).copy_(layer[f"output.{part}"])
-            block.ln_3.get_parameter(part).copy_(layer[f"LayerNorm.{part}"])
-
-
-def load_srformer(folder: str | Checkpoint | None = None, config: SRformerConfig | None = None,
-                  **overrides: object) -> SRformer:
-    """A model with MiniLM's word embeddings; decoder weights from a checkpoint (its folder, or the checkpoint
-    already loaded) if given, its config changed by ``overrides`` (e.g. ``recurrent_part="off"`` to score it
-    with O_R zeroed)."""
-    from models.checkpoint import Checkpoint, load_checkpoint
-    from models.minilm import minilm_state_dict
-
-    checkpoint = None
-    if folder is not None:
-        checkpoint = folder if isinstance(folder, Checkpoint) else load_checkpoint(folder)
-        config = SRformerConfig(**{**checkpoint.config, **overrides})
-    model = SRformer(config or SRformerConfig())
-    model.wte.copy_(minilm_state_dict()["embeddings.word_embeddings.weight"])
-    if checkpoint is not None:
-        load_decoder_weights(model, checkpoint)
-    return model.eval()
-
-
-def load_decoder_weights(model: SRformer, checkpoint: Checkpoint) -> None:
-    """Load a checkpoint's decoder weights (as float32) into ``model``, possibly of another cross-attention mode.
-
-    The projections are shared by every mode, so a full-attention decoder can be scored or trained
-    further as a segmented or SRformer one. What only the SRformer has (the RAF, the gate) keeps its
-    fresh initialisation when the checkpoint was trained in another mode, and so does a salience head the
-    checkpoint has not fitted yet; any other mismatch is an error.
-    """
-    def srformer_only(name: str) -> bool:
-        return ".raf." in name or name.endswith(".gate")
-
-    state_dict = {name: tensor.float() for name, tensor in checkpoint.state_dict.items()}
-    missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    trained_mode = checkpoint.config["cross_attention"]
-    fitted_salience = checkpoint.config.get("salience", False)  # a head fitted later starts fresh
-    fresh = [name for name in missing if (trained_mode == "srformer" or not srformer_only(name))
-             and (fitted_salience or not name.startswith("salience"))]
-    if fresh or unexpected:
-        raise ValueError(f"{checkpoint.folder} does not fit this model: missing {fresh}, unexpected {list(unexpected)}")

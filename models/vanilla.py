@@ -1,7 +1,7 @@
 """Vanilla Transformer forecaster: the RSA forecaster's baseline of the same size.
 
 Softmax multi-head attention (Vaswani et al., 2017) with sinusoidal absolute positions added
-to the patch tokens, in the same shell as ``RSAForecaster`` (models/forecast_stream.py): the
+to the patch tokens, in the same shell as ``RSAForecaster`` (models/patch_forecaster.py): the
 only difference from RSA is the attention (no REMs, no gate) and the positional encoding.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from models.forecast_stream import MultiHeadAttention, PatchConfig, PatchForecaster, PreNormBlock
+from models.patch_forecaster import MultiHeadAttention, PatchConfig, PatchForecaster, PreNormBlock
 
 
 @dataclass

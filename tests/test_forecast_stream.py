@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.forecast_stream import ForecastStream, LinearConfig, LinearForecaster
+from models.forecast_stream import ForecastStream
+from models.linear import LinearConfig, LinearForecaster
 from models.rsa import RSAConfig, RSAForecaster
 from models.rtransformer import RTransformerConfig, RTransformerForecaster
 from models.vanilla import VanillaConfig, VanillaForecaster

@@ -6,6 +6,7 @@
     models (families, streams, searches) -> never models.training, models.serving, service, export
     models/data     -> no model family, recipe or service
     models/families  -> nothing of rtserve at all: a record names its parts by import path (the bottom layer)
+    models/srformer, models/salience_head -> never their loaders (models/srformer_weights: checkpoints, MiniLM)
     service, models, export -> never rtserve/ (the command and the client sit on top)
 
 Read from the source (every import statement, including those inside functions), not from what
@@ -50,9 +51,14 @@ RULES = [
      ("torch", "numpy", "models", "service", "export", "rtserve", "loadtest")),
     ("nothing below the command imports it", [*modules_under("service"), *modules_under("models"),
                                               *modules_under("export")], ("rtserve",)),
-    # what the service runs on the ONNX path: numpy only, so serving needs no PyTorch install
+    # a model is defined apart from where its weights come from (models/srformer_weights.py)
+    ("SRformer model apart from its loaders", [ROOT / "models" / "srformer.py", ROOT / "models" / "salience_head.py"],
+     ("models.srformer_weights", "models.checkpoint", "models.minilm")),
+    # what the service runs on the ONNX path (the streams, the search, sentence copy and letter case): numpy only,
+    # so serving needs no PyTorch install
     ("torch-free streams", [ROOT / "models" / f"{name}.py" for name in
-                            ("tensor_spec", "text_stream", "summary_stream", "classifier_stream", "decoding")],
+                            ("tensor_spec", "text_stream", "summary_stream", "classifier_stream", "decoding",
+                             "copy_units", "sentence_choice", "letter_case")],
      ("torch", "models.segment", "models.rmt", "models.srformer", "models.minilm")),
 ]
 

@@ -1,4 +1,5 @@
-"""Cross-validation folds of the RMT recipe and the TF-IDF baseline (models/training/rmt.py)."""
+"""Cross-validation folds of the RMT recipe (models/training/rmt_cv.py) and of the TF-IDF baseline
+(models/training/tfidf_baseline.py)."""
 
 import json
 import random
@@ -6,7 +7,8 @@ import random
 import pytest
 
 from models.data.hyperpartisan import Article
-from models.training.rmt import cv_ensemble_main, cv_folds, fold_parts, member_reading, tfidf_cv_main
+from models.training.rmt_cv import cv_ensemble_main, cv_folds, fold_parts, member_reading
+from models.training.tfidf_baseline import tfidf_cv_main
 
 
 def _articles(n: int = 95, seed: int = 0) -> list[Article]:

@@ -3,8 +3,9 @@ the fitted weights, folded back, score sentences as the service scores them."""
 
 import numpy as np
 
+from models.copy_units import DocumentText
 from models.minilm import load_minilm_tokenizer
-from models.summary_text import DocumentText, position_features, sentence_scores
+from models.sentence_choice import position_features, sentence_scores
 from models.training.srformer_salience import DocumentSentences, fit_lexical_head, inverse_document_frequency
 
 TOKENIZER = load_minilm_tokenizer()

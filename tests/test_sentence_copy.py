@@ -1,23 +1,22 @@
-"""Sentence copy and the document's letter case (models/summary_text.py), without a model."""
+"""Sentence copy and the document's letter case (models/copy_units.py, models/sentence_choice.py,
+models/letter_case.py), without a model."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from models.copy_units import DocumentText, is_name_list, note_lines
 from models.decoding import BeamSearch, GreedySearch
 from models.detokenize import Detokenizer
+from models.letter_case import DocumentCase
 from models.minilm import load_minilm_tokenizer
-from models.summary_text import (
-    DocumentCase,
-    DocumentText,
+from models.sentence_choice import (
     Lexicon,
     choose_sentences,
     copy_sentences,
-    is_name_list,
     leans_on,
     lexical_features,
-    note_lines,
     sentence_scores,
 )
 

@@ -27,7 +27,7 @@ def repository(summarize_repository):
 def test_summary_equals_the_eager_models_summary(client, repository, decoding):
     from models.minilm import load_minilm_encoder, load_minilm_tokenizer
     from models.serving.srformer import EagerSummarizer
-    from models.srformer import load_srformer
+    from models.srformer_weights import load_srformer
 
     response = client.post("/summarize", json={"text": TEXT, "max_length": 40, "decoding": decoding})
     assert response.status_code == 200, response.text
@@ -232,7 +232,7 @@ async def test_a_model_over_all_of_wordpiece_folds_no_output_layer_and_serves_th
     from export.exporter import export_checkpoint
     from models.minilm import load_minilm_encoder, load_minilm_tokenizer
     from models.serving.srformer import EagerSummarizer
-    from models.srformer import load_srformer
+    from models.srformer_weights import load_srformer
     from service.runtime.pipeline import InputError, run_whole
     from service.runtime.registry import load_model
     from service.settings import Settings

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from models.minilm import load_minilm_encoder, load_minilm_tokenizer
-from models.srformer import SRformer, SRformerConfig, load_srformer, warm_start_from_minilm
+from models.srformer import SRformer, SRformerConfig
+from models.srformer_weights import load_srformer, warm_start_from_minilm
 from models.training.srformer import (
     Example,
     RecurrentDiagnostics,
@@ -85,7 +86,7 @@ def test_a_full_attention_decoder_loads_into_the_other_modes(tmp_path):
     segmented or SRformer decoder: the shared weights are copied, the RAF starts fresh. An SRformer
     checkpoint that lacks its RAF, or any checkpoint of another shape, is refused."""
     from models.checkpoint import load_checkpoint, save_checkpoint
-    from models.srformer import load_decoder_weights
+    from models.srformer_weights import load_decoder_weights
     from tests.tiny_checkpoints import tiny_srformer
 
     full = load_checkpoint(tiny_srformer(tmp_path / "full", mode="full"))
@@ -104,3 +105,23 @@ def test_a_full_attention_decoder_loads_into_the_other_modes(tmp_path):
     wider = SRformer(SRformerConfig(**{**kernel.config, "d_model": 64, "d_ff": 128}))
     with pytest.raises((ValueError, RuntimeError)):
         load_decoder_weights(wider, full)
+
+
+@pytest.mark.parametrize("name", ["srformer-news", "srformer-pubmed"])
+def test_a_shipped_checkpoint_loads_and_saves_under_its_own_names(name):
+    """Every tensor of a shipped checkpoint loads and comes back from ``state_dict()`` under its name, the
+    salience head's included (models/salience_head.py); its config's copy switches, on in every shipped
+    checkpoint, are read as the model (models/srformer_weights.py), and a config with one off is refused."""
+    from pathlib import Path
+
+    from models.checkpoint import load_checkpoint
+    from models.srformer_weights import srformer_config
+
+    checkpoint = load_checkpoint(Path(__file__).resolve().parents[1] / "weights" / name)
+    assert all(checkpoint.config[switch] for switch in ("copy", "token_features", "copy_bias"))
+    state = load_srformer(checkpoint).state_dict()
+    assert set(state) == set(checkpoint.state_dict) and "salience_position" in state
+    for key, tensor in checkpoint.state_dict.items():
+        torch.testing.assert_close(state[key], tensor.float(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="copy_bias=False"):
+        srformer_config({**checkpoint.config, "copy_bias": False})

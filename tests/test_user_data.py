@@ -223,7 +223,7 @@ def test_every_built_in_family_names_the_reader_of_its_task():
 
 
 def test_the_tfidf_baseline_reads_the_same_files_and_scores_test_once(tmp_path, capsys):
-    from models.training.rmt import tfidf_main
+    from models.training.tfidf_baseline import tfidf_main
 
     parts = {part: topic_corpus(tmp_path / f"{part}.jsonl", n, seed) for part, n, seed in
              (("train", 30, 0), ("dev", 9, 1), ("test", 12, 2))}

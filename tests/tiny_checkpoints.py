@@ -74,12 +74,13 @@ def tiny_srformer(folder: Path, mode: str = "srformer", encoder_window: int = 24
                             salience_lexical=salience if salience_lexical is None else salience_lexical,
                             **options)  # type: ignore[arg-type]
     model = SRformer(config)
-    if model.salience_position is not None:
-        torch.nn.init.normal_(model.salience_position)
-    if model.salience_lexical is not None:
-        torch.nn.init.normal_(model.salience_lexical)
-        torch.nn.init.normal_(model.salience_token, std=0.5)
-        torch.nn.init.uniform_(model.salience_idf, 1.0, 5.0)
+    head = model.salience
+    if head is not None:
+        torch.nn.init.normal_(head.position)
+    if head is not None and head.lexical is not None:
+        torch.nn.init.normal_(head.lexical)
+        torch.nn.init.normal_(head.word, std=0.5)
+        torch.nn.init.uniform_(head.idf, 1.0, 5.0)
     extras = {"task": "summarize", "beams": 1, "no_repeat_ngram": 3}
     return save_checkpoint(folder, "srformer", config, model.state_dict(), extras)
 

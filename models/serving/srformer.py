@@ -27,13 +27,15 @@ import torch.nn as nn
 
 from models.checkpoint import Checkpoint
 from models.detokenize import Detokenizer, sentence_end_ids
+from models.letter_case import DocumentCase
 from models.minilm import load_minilm_encoder
 from models.segment import TensorSpec
+from models.sentence_choice import copy_sentences
 from models.serving.rmt import tokenizer_file
 from models.serving.servable import Graph, Servable
-from models.srformer import SRformer, SRformerConfig, kernel_product, load_srformer
+from models.srformer import SRformer, SRformerConfig, kernel_product
+from models.srformer_weights import load_srformer
 from models.summary_stream import Arrays, SummaryStream, state_and_chunk_specs
-from models.summary_text import DocumentCase, copy_sentences
 from models.text_stream import PENDING_BYTES, SegmentCutter
 
 
@@ -54,8 +56,8 @@ class EncodeWindow(nn.Module):
         outputs: list[torch.Tensor] = []
         for mem in self.model.memory(enc, mask, window_ids, first_prev):
             outputs += [mem["k"], mem["v"], mem["kv"], mem["ksq"]]
-        if self.model.salience is not None:  # a_t per token (models/summary_text.py)
-            outputs.append(self.model.salience(enc).squeeze(-1))
+        if self.model.salience is not None:  # a_t per token (models/salience_head.py)
+            outputs.append(self.model.salience(enc))
         return tuple(outputs)
 
 
@@ -104,7 +106,7 @@ class ServedDecoding:
     decoding: str  # "sentence" (copy, the salience head's choice) or "free" (generation)
     beams: int
     no_repeat_ngram: int
-    adjacency: float  # sentence copy's choice options (models.summary_text.choose_sentences)
+    adjacency: float  # sentence copy's choice options (models.sentence_choice.choose_sentences)
     trigram_overlap: float
 
 
@@ -243,8 +245,9 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
     state_spec, _ = state_and_chunk_specs(stream_cutter(c), layers, h, dh, c.kv_columns, c.salience)
     extras = checkpoint.extras
     served = served_decoding(checkpoint)
-    position = model.salience_position.tolist() if model.salience_position is not None else None
-    lexicon = model.lexicon()
+    head = model.salience
+    position = head.position.tolist() if head is not None else None
+    lexicon = head.lexicon() if head is not None else None
     return Servable(
         name="",
         task="summarize",
@@ -263,8 +266,8 @@ def srformer_servable(checkpoint: Checkpoint) -> Servable:
             "metrics": extras.get("test_rouge", extras.get("metrics", {})),
         },
         assets={"tokenizer": tokenizer_file()},
-        tensor_assets={"lexicon": {"token_weight": model.salience_token.detach().float(),
-                                   "idf": model.salience_idf.float()}} if lexicon else {},
+        tensor_assets={"lexicon": {"token_weight": head.word.detach().float(),
+                                   "idf": head.idf.float()}} if head is not None and lexicon else {},
         initial_state={"last_source_id": torch.tensor([c.bos_id])},
     )
 
@@ -366,7 +369,7 @@ class EagerSummarizer:
                          max_len: int | None = None, decoding: str | None = None, adjacency: float = 0.0,
                          trigram_overlap: float = 1.0) -> str:
         """The summary the service writes for these pieces (``decoding``: the model's default when None;
-        ``adjacency``, ``trigram_overlap``: sentence copy's, :func:`models.summary_text.choose_sentences`)."""
+        ``adjacency``, ``trigram_overlap``: sentence copy's, :func:`models.sentence_choice.choose_sentences`)."""
         state, chunks = self.init_state(), []
         for piece in pieces:
             state, chunk = self.feed(state, piece)
@@ -377,10 +380,11 @@ class EagerSummarizer:
         read = source_ids.shape[1]
         decoding = decoding or ("sentence" if c.salience else "free")
         if decoding == "sentence":
-            assert salience is not None and self.model.salience_position is not None, "no salience head"
+            head = self.model.salience
+            assert salience is not None and head is not None, "no salience head"
             target = c.summary_length or max(1, math.ceil(c.summary_ratio * read))
-            sentences = copy_sentences(text, self.tokenizer, salience, read, self.model.salience_position.tolist(),
-                                       target, max_len, self.model.lexicon(), adjacency, trigram_overlap)
+            sentences = copy_sentences(text, self.tokenizer, salience, read, head.position.tolist(), target, max_len,
+                                       head.lexicon(), adjacency, trigram_overlap)
             return " ".join(sentence for sentence, _ in sentences)
         layers = [{kind: torch.from_numpy(memory[f"{kind}{layer}"]) for kind in ("k", "v", "kv", "ksq")}
                   for layer in range(c.n_layer)]

@@ -1,4 +1,5 @@
-"""What every training recipe shares: seeding, and the recipe and hardware lines written into checkpoints."""
+"""What every training recipe shares: its commands' parsers, seeding, and the recipe and hardware lines written
+into checkpoints."""
 
 from __future__ import annotations
 
@@ -6,10 +7,19 @@ import argparse
 import os
 import platform
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+
+
+def command_parser(prog: str, description: str | None = None,
+                   parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    """The parser of a recipe's command (``rtserve train <family>``, ``rtserve eval``, ...): every flag's help
+    ends with its default."""
+    return argparse.ArgumentParser(prog=prog, description=description, parents=list(parents),
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 
 def seed_everything(seed: int) -> None:

@@ -37,11 +37,11 @@ from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.ett import Scaler, load_split, windows, windows_to_score
 from models.data.files import SeriesTable
 from models.families import families, family
-from models.forecast_stream import LinearConfig, LinearForecaster
+from models.linear import LinearConfig, LinearForecaster
 from models.rsa import RSAConfig
 from models.rtransformer import RTransformerConfig
 from models.serving.forecasters import columns_and_targets, load_stream
-from models.training.common import hardware, seed_everything
+from models.training.common import command_parser, hardware, seed_everything
 from models.vanilla import VanillaConfig
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "ETT-small" / "ETTh1.csv"
@@ -79,9 +79,8 @@ def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, n
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog=prog,
-        description="Train a forecaster: on CSV series (--train, --dev) or on ETTh1 (--data, Informer protocol).")
+    parser = command_parser(
+        prog, "Train a forecaster: on CSV series (--train, --dev) or on ETTh1 (--data, Informer protocol).")
     parser.add_argument("family", choices=sorted(f.name for f in families() if f.recipe == __name__))
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV (date column, then variables), "
                         "split by the Informer protocol; unused with --train")
@@ -298,9 +297,8 @@ def _fit(
 
 
 def eval_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
-        description="Score a forecaster checkpoint: every window of a CSV file (a model trained on --train "
+    parser = command_parser(
+        "rtserve eval", "Score a forecaster checkpoint: every window of a CSV file (a model trained on --train "
         "files), or a split of ETTh1 (Informer protocol).")
     parser.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="CSV with the model's columns")

@@ -42,16 +42,9 @@ import torch.nn.functional as F
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.data.summarization import PairsFile, corpus_name, corpus_of, rouge_scores
 from models.families import family
-from models.srformer import (
-    RECURRENT_NORMS,
-    RECURRENT_PARTS,
-    SRformer,
-    SRformerConfig,
-    load_decoder_weights,
-    load_srformer,
-    warm_start_from_minilm,
-)
-from models.training.common import hardware, recipe_record, seed_everything
+from models.srformer import RECURRENT_NORMS, RECURRENT_PARTS, SRformer, SRformerConfig
+from models.srformer_weights import load_decoder_weights, load_srformer, warm_start_from_minilm
+from models.training.common import command_parser, hardware, recipe_record, seed_everything
 
 CACHE_ROOT = Path("cache")
 Corpus = ModuleType | PairsFile  # a corpus module (models.data.bbc, models.data.sumpubmed) or a user's file
@@ -311,10 +304,9 @@ def summarize_examples(model: SRformer, examples: list[Example], tokenizer: obje
 
 # ---- train ---------------------------------------------------------------------------------
 def train_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train srformer",
-        description="Train an SRformer summarizer: on source/summary pairs in JSON Lines (--train, --dev) or on "
-        "BBC News Summary or SumPubMed (--data).")
+    parser = command_parser(
+        "rtserve train srformer", "Train an SRformer summarizer: on source/summary pairs in JSON Lines (--train, "
+        "--dev) or on BBC News Summary or SumPubMed (--data).")
     parser.add_argument("family", choices=["srformer"])
     add_pair_sources(parser, "bbc-news-summary or sumpubmed folder", "the epoch kept is the one scoring best here")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
@@ -489,9 +481,7 @@ def fit_salience_after_training(args: argparse.Namespace, kind: str, train_corpu
 
 # ---- eval ----------------------------------------------------------------------------------
 def eval_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
-        description="ROUGE of an SRformer summarizer.")
+    parser = command_parser("rtserve eval", "ROUGE of an SRformer summarizer.")
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--data", required=True, type=Path, help="JSON Lines file of pairs (as --train), or a "
                         "bbc-news-summary or sumpubmed folder")

@@ -5,7 +5,7 @@
     python -m models.training.srformer_salience fit runs/notes --train train.jsonl --dev dev.jsonl \\
         --lexical --out runs/notes   # a user's pairs (``rtserve train srformer --train/--dev`` does this itself)
 
-The head (``models/summary_text.py`` gives the sentence score) reads the frozen MiniLM encoder's outputs,
+The head (``models/sentence_choice.py`` gives the sentence score) reads the frozen MiniLM encoder's outputs,
 which the decoder recipe caches (``models/training/srformer.py``: ``build_cache``), so fitting it never
 runs the decoder: per sentence, the mean encoder output and three position features, and the label
 "the greedy ROUGE oracle copies this sentence" (the sentences that, added one at a time, most raise
@@ -37,17 +37,17 @@ import numpy as np
 import torch
 
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.copy_units import DocumentText
 from models.data.baselines import greedy_oracle
 from models.data.summarization import PairsFile, corpus_of, rouge_scores
-from models.serving.srformer import served_decoding
-from models.summary_text import (
-    DocumentText,
+from models.sentence_choice import (
     Lexicon,
     choose_sentences,
     lexical_features,
     position_features,
     sentence_scores,
 )
+from models.serving.srformer import served_decoding
 from models.training.common import hardware
 
 PENALTIES = (1e-4, 1e-3, 1e-2, 1e-1)  # L2 strengths tried on dev (per standardised feature)

@@ -23,8 +23,9 @@ import numpy as np
 
 from models.decoding import BeamSearch, GreedySearch, Search, TokenCallback
 from models.detokenize import Detokenizer, WordStream, sentence_end_ids
+from models.letter_case import DocumentCase
+from models.sentence_choice import Lexicon, copy_sentences
 from models.summary_stream import SummaryStream
-from models.summary_text import DocumentCase, Lexicon, copy_sentences
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.decode_loop import DecodeLoop
 from service.runtime.pipeline import (
