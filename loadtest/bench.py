@@ -93,6 +93,7 @@ from loadtest.bench_floor import Side, compare, floor_command, floor_sessions, t
 from loadtest.bench_gpu import EnergyMeter, energy_rates
 from loadtest.bench_inputs import SessionInput
 from loadtest.bench_report import check_targets, machine_info, machine_slug, write_reports
+from models.cli_help import HelpFormatter
 
 log = logging.getLogger("rtserve.bench")
 
@@ -957,7 +958,7 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
 
 def parse_options(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="rtserve bench",
+        prog="rtserve bench", formatter_class=HelpFormatter,
         description="Start the service (embedded Redis) and measure it: e2e/step, served/offline throughput, "
         "concurrency gains, session latency, Redis share, GPU energy. Writes JSON and a markdown table.",
     )

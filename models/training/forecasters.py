@@ -34,6 +34,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.cli_help import HelpFormatter
 from models.data.ett import Scaler, load_split, windows, windows_to_score
 from models.data.files import SeriesTable
 from models.families import families, family
@@ -80,9 +81,10 @@ def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, n
 
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog=prog,
+        formatter_class=HelpFormatter, prog=prog,
         description="Train a forecaster: on CSV series (--train, --dev) or on ETTh1 (--data, Informer protocol).")
-    parser.add_argument("family", choices=sorted(f.name for f in families() if f.recipe == __name__))
+    parser.add_argument("family", choices=sorted(f.name for f in families() if f.recipe == __name__),
+                        help=argparse.SUPPRESS)  # `rtserve train <family>` names it
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV (date column, then variables), "
                         "split by the Informer protocol; unused with --train")
     parser.add_argument("--train", help="CSV with a header row, one row a time step, oldest first")
@@ -157,7 +159,7 @@ def read_files(args: argparse.Namespace) -> tuple[SeriesTable, SeriesTable]:
 
 
 def train_main(argv: Sequence[str]) -> int:
-    parser = _parser("rtserve train")
+    parser = _parser(f"rtserve train {argv[0]}" if argv and not argv[0].startswith("-") else "rtserve train")
     args = parser.parse_args(list(argv))
     if (args.train is None) != (args.dev is None):
         parser.error("give --train FILE and --dev FILE (CSV), or neither for --data (ETTh1, Informer protocol)")
@@ -299,7 +301,7 @@ def _fit(
 
 def eval_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
+        formatter_class=HelpFormatter, prog="rtserve eval",
         description="Score a forecaster checkpoint: every window of a CSV file (a model trained on --train "
         "files), or a split of ETTh1 (Informer protocol).")
     parser.add_argument("checkpoint", help="checkpoint folder (config.json + model.safetensors)")

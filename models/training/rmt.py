@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.cli_help import HelpFormatter
 from models.data.files import LabelledText, check_labels, label_set
 from models.data.hyperpartisan import LABEL_NAMES, Article, load_articles, load_split, metrics
 from models.families import family
@@ -307,10 +308,10 @@ def train_epochs(
 
 def train_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train rmt", parents=[recipe_parser()],
+        formatter_class=HelpFormatter, prog="rtserve train rmt", parents=[recipe_parser()],
         description="Train an RMT classifier: on labelled documents in JSON Lines (--train, --dev) or on "
         "Hyperpartisan (--data).")
-    parser.add_argument("family", choices=["rmt"])
+    parser.add_argument("family", choices=["rmt"], help=argparse.SUPPRESS)  # `rtserve train rmt` names it
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument(
         "--fit-on", choices=["train", "train+dev"], default="train",
@@ -421,7 +422,7 @@ def scored(articles: list[Article], p_hyper: Sequence[float]) -> dict[str, float
 
 def cv_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="python -m models.training.rmt cv",
+        formatter_class=HelpFormatter, prog="python -m models.training.rmt cv",
         parents=[recipe_parser()],
         description="k-fold cross-validation of the RMT recipe over train+dev (each fold trained like "
         "--fit-on train+dev: fixed epochs, last kept), scored on the held-out fold and on test.")
@@ -520,7 +521,7 @@ def cv_ensemble_main(argv: Sequence[str]) -> int:
 # ---- eval ----------------------------------------------------------------------------------
 def eval_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
+        formatter_class=HelpFormatter, prog="rtserve eval",
         description="Score an RMT checkpoint on a JSON Lines file of labelled documents or on Hyperpartisan.")
     parser.add_argument("checkpoint", type=Path, help="checkpoint folder or model-repository entry")
     parser.add_argument("--data", required=True, type=Path, help="JSON Lines file (as --train), or a Hyperpartisan "
@@ -608,7 +609,7 @@ def tfidf_choose_c(articles: list[Article], k: int, seed: int) -> tuple[float, d
 def tfidf_cv_main(argv: Sequence[str]) -> int:
     """TF-IDF + LR on the folds of ``cv`` (same ``cv_folds``), C chosen inside each training part."""
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="python -m models.training.rmt tfidf-cv")
+        formatter_class=HelpFormatter, prog="python -m models.training.rmt tfidf-cv")
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--fold-seed", type=int, default=0, help="seed of the fold assignment, as in cv")
@@ -662,7 +663,7 @@ def tfidf_main(argv: Sequence[str]) -> int:
     keeps its dev-selected epoch.
     """
     parser = argparse.ArgumentParser(prog="python -m models.training.rmt tfidf",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--data", type=Path, help="a Hyperpartisan folder (train, dev and test from splits.json)")
     parser.add_argument("--train", type=Path, help="JSON Lines of labelled documents (instead of --data)")
     parser.add_argument("--dev", type=Path, help="JSON Lines: C is chosen here")

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from models.checkpoint import load_checkpoint, save_checkpoint
+from models.cli_help import HelpFormatter
 from models.data.summarization import PairsFile, corpus_name, corpus_of, rouge_scores
 from models.families import family
 from models.srformer import (
@@ -312,10 +313,10 @@ def summarize_examples(model: SRformer, examples: list[Example], tokenizer: obje
 # ---- train ---------------------------------------------------------------------------------
 def train_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve train srformer",
+        formatter_class=HelpFormatter, prog="rtserve train srformer",
         description="Train an SRformer summarizer: on source/summary pairs in JSON Lines (--train, --dev) or on "
         "BBC News Summary or SumPubMed (--data).")
-    parser.add_argument("family", choices=["srformer"])
+    parser.add_argument("family", choices=["srformer"], help=argparse.SUPPRESS)  # `rtserve train srformer` names it
     add_pair_sources(parser, "bbc-news-summary or sumpubmed folder", "the epoch kept is the one scoring best here")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument("--cross-attention", choices=["full", "segmented", "srformer"], default="srformer")
@@ -490,7 +491,7 @@ def fit_salience_after_training(args: argparse.Namespace, kind: str, train_corpu
 # ---- eval ----------------------------------------------------------------------------------
 def eval_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, prog="rtserve eval",
+        formatter_class=HelpFormatter, prog="rtserve eval",
         description="ROUGE of an SRformer summarizer.")
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--data", required=True, type=Path, help="JSON Lines file of pairs (as --train), or a "
