@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -22,11 +23,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+async def leave(client: Any) -> None:
+    """Leave the engine as a front end of the service does: the engine sees the connection end and closes its side
+    before it is stopped. Stopped while it still waited on the connection, its handler would be cancelled mid-read,
+    which Python 3.11's asyncio streams log as an error with a CancelledError traceback."""
+    if client._writer is not None and client._reader_task is not None and not client._reader_task.done():
+        client._writer.write_eof()  # no more calls: the engine's handler reads the end and closes the connection
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(client._reader_task), timeout=10)
+    await client.close()
 
 
 async def measure(options: argparse.Namespace) -> dict[str, float]:
@@ -71,7 +84,7 @@ async def measure(options: argparse.Namespace) -> dict[str, float]:
             runs.append((sum(engine_process.cpu_times()[:2]) - engine_cpu, sum(front_end.cpu_times()[:2]) - front_cpu,
                          time.perf_counter() - started))
     finally:
-        await client.close()
+        await leave(client)
         engine.terminate()
         engine.wait(timeout=30)
     per_piece = [[1e6 * value / (per_session * options.sessions) for value in run] for run in runs]

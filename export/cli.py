@@ -1,26 +1,64 @@
-"""``rtserve export``: checkpoint folder(s) -> model-repository entries."""
+"""``rtserve export``: checkpoint folder(s) -> model-repository entries.
+
+By default an entry holds the graphs the service will load for it: those of its serving backend
+(``RTSERVE_MODEL_BACKENDS``, else ``RTSERVE_BACKEND``, else ONNX), so a repository built for the default
+backend carries no TorchScript copy. ``--format`` asks for others. One readable line per checkpoint goes to stderr
+as it starts and as it ends; stdout keeps one JSON object per entry written, for scripts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from export.exporter import FORMATS, export_checkpoint
+from models.cli_help import HelpFormatter
+
+# What each serving backend loads from an entry; torch rebuilds the model from the entry's checkpoint/ folder.
+BACKEND_FORMATS: dict[str, tuple[str, ...]] = {"onnx": ("onnx",), "torchscript": ("torchscript",), "torch": ()}
+FORMATS = tuple(dict.fromkeys(f for formats in BACKEND_FORMATS.values() for f in formats))  # exporter.FORMATS
+
+
+def served_formats(entry_name: str) -> tuple[str, ...]:
+    """The graph formats the service loads for the entry ``entry_name``, read from the settings it reads."""
+    try:
+        per_model = json.loads(os.environ.get("RTSERVE_MODEL_BACKENDS") or "{}")
+    except ValueError as error:
+        raise ValueError(f"RTSERVE_MODEL_BACKENDS is not JSON ({error})") from None
+    backend = str(per_model.get(entry_name) or os.environ.get("RTSERVE_BACKEND") or "onnx").strip().lower()
+    if backend not in BACKEND_FORMATS:
+        raise ValueError(f"the backend of {entry_name} is {backend!r}: one of {', '.join(BACKEND_FORMATS)}")
+    return BACKEND_FORMATS[backend]
+
+
+def entry_name(folder: Path, name: str | None) -> str:
+    """The entry's name as the export names it: ``--name``, else the checkpoint's own, else its folder's."""
+    if name:
+        return name
+    try:
+        extras = json.loads((folder / "config.json").read_text()).get("extras", {})
+    except (OSError, ValueError):
+        extras = {}
+    return str(extras.get("name") or folder.resolve().name)
 
 
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="rtserve export",
-        description="Export trained checkpoints to TorchScript / ONNX entries of a model repository.",
+        prog="rtserve export", formatter_class=HelpFormatter,
+        description="Export trained checkpoints to entries of a model repository (ONNX and/or TorchScript graphs, "
+        "manifest, initial state, assets and the checkpoint). Progress goes to stderr; stdout has one JSON object "
+        "per entry written.",
     )
     parser.add_argument("checkpoints", nargs="*", help="checkpoint folders (config.json + model.safetensors)")
     parser.add_argument("--all", metavar="DIR", help="export every checkpoint folder directly under DIR")
-    parser.add_argument("--format", help=f"comma-separated, from {FORMATS} (default: both; onnx with --fp16)")
+    parser.add_argument("--format", help=f"comma-separated, from {', '.join(FORMATS)} (default: what the service's "
+                        "backend for the model loads: RTSERVE_MODEL_BACKENDS, else RTSERVE_BACKEND, else onnx; "
+                        "the torch backend loads no graph; onnx with --fp16)")
     parser.add_argument("--out", default="model_repository", help="model repository folder")
     parser.add_argument("--name", help="entry name (one checkpoint only; default: the checkpoint's name)")
     parser.add_argument("--version", default="1", help="entry version")
@@ -33,21 +71,53 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if args.cpu_threads is not None and args.cpu_threads < 0:
         parser.error("--cpu-threads is 0 (the pool) or more")
-    # torch's ONNX exporter warns once per torchvision op it cannot register; rtserve uses none
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     folders = [Path(p) for p in args.checkpoints]
-    if args.all:
-        folders += sorted(p.parent for p in Path(args.all).glob("*/config.json"))
+    if args.all:  # a path that is not what it should be: one line and exit status 1, as for any file
+        if not Path(args.all).is_dir():
+            raise SystemExit(f"rtserve export: --all {args.all}: no such folder")
+        found = sorted(p.parent for p in Path(args.all).glob("*/config.json"))
+        if not found:
+            raise SystemExit(f"rtserve export: --all {args.all}: no checkpoint folder (one holding config.json) in it")
+        folders += found
     if not folders:
         parser.error("name checkpoint folders or --all DIR")
+    for folder in folders:
+        if not (folder / "config.json").is_file():
+            raise SystemExit(f"rtserve export: {folder} is not a checkpoint folder: it has no config.json")
     if args.name and len(folders) > 1:
         parser.error("--name needs exactly one checkpoint")
-    requested = args.format or ("onnx" if args.fp16 else "onnx,torchscript")
-    formats = tuple(part.strip() for part in requested.split(",") if part.strip())
+    plan = []
     for folder in folders:
+        name = entry_name(folder, args.name)
+        if args.format is not None:
+            formats = tuple(part.strip() for part in args.format.split(",") if part.strip())
+            unknown = sorted(set(formats) - set(FORMATS))
+            if unknown:
+                parser.error(f"--format {args.format}: unknown {', '.join(unknown)}; choose from {', '.join(FORMATS)}")
+            if args.fp16 and formats != ("onnx",):
+                parser.error("--fp16 is an ONNX option for GPU serving: export it with --format onnx")
+        elif args.fp16:
+            formats = ("onnx",)
+        else:
+            try:
+                formats = served_formats(name)
+            except ValueError as error:
+                parser.error(f"{error} (or name the graphs with --format)")
+        plan.append((folder, name, formats))
+    print(f"rtserve export: {len(plan)} checkpoint{'s' if len(plan) > 1 else ''} into {args.out}/", file=sys.stderr,
+          flush=True)
+    from export.exporter import export_checkpoint  # torch: after the line above, which a first run waits for
+
+    # torch's ONNX exporter warns once per torchvision op it cannot register; rtserve uses none
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    for number, (folder, name, formats) in enumerate(plan, start=1):
+        step = f"rtserve export: [{number}/{len(plan)}] {name}"
+        graphs = ", ".join(formats) if formats else "no graphs (the torch backend reads the checkpoint)"
+        print(f"{step}: {graphs} ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
         entry = export_checkpoint(folder, args.out, formats, args.name, args.version, args.fp16, args.cpu_threads)
         seconds = time.perf_counter() - started
-        print(json.dumps({"checkpoint": str(folder), "entry": str(entry), "seconds": round(seconds, 1)}))
-        sys.stdout.flush()
+        print(f"{step}: done in {seconds:.1f} s -> {entry}", file=sys.stderr, flush=True)
+        print(json.dumps({"checkpoint": str(folder), "entry": str(entry), "formats": list(formats),
+                          "seconds": round(seconds, 1)}), flush=True)
     return 0

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from models.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
 from models.onnx_fp16 import to_float16
@@ -168,6 +168,12 @@ def light_graph_threads(path: Path, graph: Graph) -> int:
     return 1 if one < POOL_SPEEDUP * pool else 0
 
 
+def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """A safetensors file created as every other file of an entry is (mode 0666 less the umask): the library's own
+    writer makes it 0600, which leaves it unreadable to a service run by another user."""
+    path.write_bytes(save({name: tensor.detach().contiguous() for name, tensor in tensors.items()}))
+
+
 def export_servable(
     servable: Servable,
     checkpoint_folder: Path,
@@ -230,19 +236,18 @@ def export_servable(
     if servable.assets or servable.tensor_assets:
         (entry / "assets").mkdir()
     for key, source in servable.assets.items():
-        shutil.copy2(source, entry / "assets" / Path(source).name)
+        shutil.copyfile(source, entry / "assets" / Path(source).name)
         assets[key] = f"assets/{Path(source).name}"
     for key, tensors in servable.tensor_assets.items():
-        file = entry / "assets" / f"{key}.safetensors"
-        save_file({name: t.detach().contiguous() for name, t in tensors.items()}, str(file))
+        write_tensors(entry / "assets" / f"{key}.safetensors", tensors)
         assets[key] = f"assets/{key}.safetensors"
     initial = {name: tensor.detach().contiguous() for name, tensor in servable.init_state().items()}
     if fp16:
         initial = {name: t.half() if t.dtype == torch.float32 else t for name, t in initial.items()}
-    save_file(initial, str(entry / INITIAL_STATE_FILE))
+    write_tensors(entry / INITIAL_STATE_FILE, initial)
     (entry / "checkpoint").mkdir()
-    for file_name in (CONFIG_FILE, WEIGHTS_FILE):
-        shutil.copy2(checkpoint_folder / file_name, entry / "checkpoint" / file_name)
+    for file_name in (CONFIG_FILE, WEIGHTS_FILE):  # the entry's own modes, whatever the training run's were
+        shutil.copyfile(checkpoint_folder / file_name, entry / "checkpoint" / file_name)
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "name": servable.name,

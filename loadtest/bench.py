@@ -116,6 +116,7 @@ from loadtest.scenarios.summarize import run_articles, run_decode
 from loadtest.scenarios.sweep import run_sweep, sweep_notes
 from loadtest.scenarios.triton import PER_PIECE, client_limited_notes, run_triton, unavailable_reason
 from loadtest.triton.server import VENV_VARIABLE
+from models.cli_help import HelpFormatter
 
 log = logging.getLogger("rtserve.bench")
 
@@ -274,7 +275,7 @@ async def measure(options: argparse.Namespace, counts: Counts, meter: EnergyMete
 
 def parse_options(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="rtserve bench",
+        prog="rtserve bench", formatter_class=HelpFormatter,
         description="Start the service (embedded Redis) and measure it: e2e/step, served/offline throughput, "
         "concurrency gains, session latency, Redis share, GPU energy. Writes JSON and a markdown table.",
     )

@@ -3,18 +3,31 @@ forecast, session (calls to a running service through :mod:`rtserve.client`).
 
 Training and evaluation live with each family's recipe (its record in :mod:`models.families`); this
 module only dispatches, importing the heavy modules when they are asked for.
+
+A user's mistake (a file that is missing, unreadable or of the wrong kind, a flag the service refuses, a service
+that is not there) is one line on stderr, ``rtserve <command>: ...``, and exit status 1; ``--debug`` or
+``RTSERVE_DEBUG=1`` shows its traceback instead. Anything else is a fault of rtserve's and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from models.cli_help import HelpFormatter
+
+
+class CommandError(Exception):
+    """A mistake the user can put right (a file, a flag): its message is the one line the command prints."""
 
 
 def _trainable() -> list[str]:
@@ -37,11 +50,13 @@ def _recipe(name: str) -> Any:
 
 
 def _serve(argv: Sequence[str]) -> int:
+    from service.settings import Settings
+
+    default = {name: Settings.model_fields[name].default for name in ("host", "port")}
     parser = argparse.ArgumentParser(prog="rtserve serve", description="Start the HTTP service (settings from "
-                                     "RTSERVE_* variables, see the README).",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--host", help="overrides RTSERVE_HOST")
-    parser.add_argument("--port", type=int, help="overrides RTSERVE_PORT")
+                                     "RTSERVE_* variables, see the README).", formatter_class=HelpFormatter)
+    parser.add_argument("--host", help=f"interface to bind (default: RTSERVE_HOST, else {default['host']})")
+    parser.add_argument("--port", type=int, help=f"TCP port (default: RTSERVE_PORT, else {default['port']})")
     args = parser.parse_args(argv)
     from service.server import run
 
@@ -50,22 +65,27 @@ def _serve(argv: Sequence[str]) -> int:
 
 
 def _train(argv: Sequence[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: rtserve train {{{','.join(_trainable())}}} [options]  (rtserve train <family> --help)")
-        return 0 if argv else 2
-    family, rest = argv[0], list(argv[1:])
-    return int(_recipe(family).train_main([family, *rest]))
+    if argv and not argv[0].startswith("-"):
+        family, rest = argv[0], list(argv[1:])
+        return int(_recipe(family).train_main([family, *rest]))
+    from models.families import families
+
+    parser = argparse.ArgumentParser(prog="rtserve train", formatter_class=HelpFormatter,
+                                     usage="rtserve train FAMILY [options]",
+                                     description="Train a model; a family's options: rtserve train FAMILY --help.")
+    tasks = ", ".join(f"{record.name} ({record.task})" for record in families() if record.recipe is not None)
+    parser.add_argument("family", choices=_trainable(), metavar="FAMILY", help=f"the model family (its task): {tasks}")
+    parser.parse_args(argv)  # --help: the families, exit 0; anything else here lacks the family: exit 2
+    return 2
 
 
 def _eval(argv: Sequence[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: rtserve eval <checkpoint folder or model-repository entry> --data <path> [options]")
-        return 0 if argv else 2
-    from pathlib import Path
+    if not argv or argv[0].startswith("-"):
+        from rtserve.evaluate import main as evaluate_entry
 
+        return int(evaluate_entry(list(argv)))  # --help: its options (and where a checkpoint's are); else exit 2
     if not Path(argv[0]).is_dir():
-        print(f"rtserve eval: {argv[0]} is not a checkpoint folder or a model-repository entry", file=sys.stderr)
-        return 1
+        raise CommandError(f"{argv[0]} is not a checkpoint folder or a model-repository entry")
     if (Path(argv[0]) / "manifest.json").exists():  # an exported entry: scored through the serving path
         from rtserve.evaluate import main as evaluate_entry
 
@@ -97,14 +117,29 @@ def _bench(argv: Sequence[str]) -> int:
 # ---- client verbs --------------------------------------------------------------------------------------
 
 
-def _client_parser(prog: str, description: str, add_help: bool = True) -> argparse.ArgumentParser:
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not 1 or more")
+    return value
+
+
+def _client_parser(prog: str, description: str, add_help: bool = True, model: str | None = None
+                   ) -> argparse.ArgumentParser:
+    """A client verb's parser: the service's address and key, ``--model`` when the verb runs a model (``model``:
+    what it defaults to)."""
     parser = argparse.ArgumentParser(prog=prog, description=description, add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--url", default=os.environ.get("RTSERVE_URL", "http://127.0.0.1:8000"),
                         help="the service (env RTSERVE_URL)")
     parser.add_argument("--api-key", default=os.environ.get("RTSERVE_API_KEY"),
-                        help="API key, when the service has RTSERVE_API_KEYS (env RTSERVE_API_KEY)")
-    parser.add_argument("--model", help="model name or name:version; unset: the task's default model")
+                        help="API key, when the service has RTSERVE_API_KEYS (default: RTSERVE_API_KEY)")
+    if model is not None:
+        parser.add_argument("--model", help=f"model name or name:version (default: {model})")
+    parser.add_argument("--debug", action="store_true", help="show an error's traceback (or RTSERVE_DEBUG=1)")
     return parser
 
 
@@ -115,37 +150,175 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _read_text(path: str) -> str:
-    return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-
-
-def _read_rows(path: str, columns: list[str] | None, last: int | None) -> list[list[float]]:
-    """Rows of a CSV file: a header row is used for --columns and skipped; non-numeric columns (dates) dropped."""
-    with (sys.stdin if path == "-" else open(path, newline="", encoding="utf-8")) as handle:
-        table = [row for row in csv.reader(handle) if row]
-    header: list[str] | None = None
+    """A UTF-8 file's text (``-``: stdin), or one line saying why not."""
+    name = "stdin" if path == "-" else path
+    data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     try:
-        [float(cell) for cell in table[0][1:]]
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise CommandError(f"{name} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start}): "
+                           "give a text file (.txt, .csv), saved as UTF-8") from None
+    if not text.strip():
+        raise CommandError(f"{name} is empty")
+    return text
+
+
+# ---- a CSV file's rows, matched to a forecaster's variables -------------------------------------------
+
+
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell)
     except ValueError:
-        header, table = table[0], table[1:]
-    if columns:
-        if header is None:
-            raise SystemExit("rtserve forecast: --columns needs a header row in the CSV file")
-        missing = [name for name in columns if name not in header]
+        return None
+
+
+@dataclass
+class Table:
+    """A CSV file as read: its header (None when its first row holds data) and each row with its line number."""
+
+    name: str
+    header: list[str] | None
+    rows: list[tuple[int, list[str]]]
+
+    def column(self, index: int) -> str:
+        return repr(self.header[index]) if self.header else f"{index + 1}"
+
+
+def _read_table(text: str, name: str) -> Table:
+    """The rows of a CSV file's ``text``; the first row is a header when it holds no number where the next row
+    holds numbers (a data row with a value missing is still data)."""
+    rows: list[tuple[int, list[str]]] = []
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        for cells in reader:
+            if any(cell.strip() for cell in cells):
+                rows.append((reader.line_num, cells))
+    except csv.Error as error:
+        raise CommandError(f"{name}, line {reader.line_num}: not CSV ({error})") from None
+    if not rows:
+        raise CommandError(f"{name} holds no rows")
+    first = rows[0][1]
+    numeric = [i for i, cell in enumerate((rows[1] if len(rows) > 1 else rows[0])[1]) if _number(cell) is not None]
+    header = None
+    if not any(i < len(first) and _number(first[i]) is not None for i in numeric):
+        header, rows = [cell.strip() for cell in first], rows[1:]
+    if not numeric or not rows:
+        raise CommandError(f"{name} holds no rows of numbers: a forecast reads a CSV file, one row a time step "
+                           "(oldest first), with a header row naming the model's variables")
+    return Table(name, header, rows)
+
+
+def _find(table: Table, name: str) -> int | None:
+    """The header column called ``name`` (case and surrounding spaces aside); two such columns are refused."""
+    assert table.header is not None
+    found = [i for i, cell in enumerate(table.header) if cell.casefold() == name.strip().casefold()]
+    if len(found) > 1:
+        raise CommandError(f"{table.name}: {len(found)} columns are called {name!r} "
+                           f"({', '.join(repr(table.header[i]) for i in found)}, columns "
+                           f"{', '.join(str(i + 1) for i in found)}): rename all but the one to read")
+    return found[0] if found else None
+
+
+def _columns(table: Table, variables: list[str], model: str, columns: str | None) -> list[int]:
+    """The file's column for each of the model's variables, in the model's order: the header's names matched to the
+    variables' (default), or ``--columns`` (the file's names for them, in the model's order)."""
+    wanted = ", ".join(variables)
+    if table.header is None:
+        if columns:
+            raise CommandError(f"--columns names header columns, and {table.name} has no header row")
+        numeric = [i for i, cell in enumerate(table.rows[0][1]) if _number(cell) is not None]
+        if len(numeric) != len(variables):
+            raise CommandError(f"{table.name} has no header row and {len(numeric)} numeric columns; {model} reads "
+                               f"{len(variables)} variables: add a header row naming them ({wanted})")
+        print(f"rtserve forecast: {table.name} has no header row: its {len(numeric)} numeric columns are read as "
+              f"{wanted}, in that order", file=sys.stderr)
+        return numeric
+    if columns is None:
+        found = {variable: _find(table, variable) for variable in variables}
+        missing = [variable for variable, index in found.items() if index is None]
         if missing:
-            raise SystemExit(f"rtserve forecast: no column {missing} in {header}")
-        picked = [header.index(name) for name in columns]
-    else:
-        picked = [i for i, cell in enumerate(table[0]) if _is_number(cell)]
-    rows = [[float(row[i]) for i in picked] for row in table]
-    return rows[-last:] if last else rows
+            raise CommandError(f"{table.name} has no column for {model}'s variable{'s' if len(missing) > 1 else ''} "
+                               f"{', '.join(missing)} (it reads {wanted}; the file has {', '.join(table.header)}): "
+                               "name the file's columns for its variables, in its order, with --columns")
+        picked = [index for index in found.values() if index is not None]
+        if len(set(picked)) < len(picked):
+            raise CommandError(f"{table.name}: one column matches two of {model}'s variables ({wanted}); name the "
+                               "file's columns for them with --columns")
+        return picked
+    names = [name.strip() for name in columns.split(",")]
+    if "" in names or len(names) != len(variables):
+        raise CommandError(f"--columns names {len([n for n in names if n])} columns; {model} reads {len(variables)} "
+                           f"variables, in this order: {wanted}")
+    picked = []
+    folded = [variable.casefold() for variable in variables]
+    for place, name in enumerate(names):
+        index = _find(table, name)
+        if index is None:
+            raise CommandError(f"--columns: {table.name} has no column {name!r} (its columns: "
+                               f"{', '.join(table.header)})")
+        if index in picked:
+            raise CommandError(f"--columns names the column {table.header[index]!r} twice")
+        if name.casefold() in folded and folded.index(name.casefold()) != place:
+            raise CommandError(f"--columns puts {name!r} where {model} reads {variables[place]!r}, but {name!r} is "
+                               f"its variable {folded.index(name.casefold()) + 1}: list the file's columns in the "
+                               f"model's order ({wanted}), or leave --columns out to match them by name")
+        picked.append(index)
+    return picked
 
 
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-        return True
-    except ValueError:
-        return False
+def _rows(table: Table, picked: list[int], last: int | None) -> list[list[float]]:
+    rows = table.rows[-last:] if last else table.rows
+    values = []
+    for line, cells in rows:
+        row = []
+        for index in picked:
+            cell = cells[index].strip() if index < len(cells) else ""
+            value = _number(cell)
+            if value is None or not math.isfinite(value):
+                raise CommandError(f"{table.name}, line {line}, column {table.column(index)}: {cell!r} is not a "
+                                   "finite number")
+            row.append(value)
+        values.append(row)
+    return values
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (-1, version)
+
+
+def _served_model(client: Any, model: str | None, task: str | None) -> dict[str, Any]:
+    """The service's description (GET /models) of the model ``model`` names (``name``: its latest version;
+    ``name:version``), or of the task's default model."""
+    models = client.models()
+    loaded = ", ".join(f"{m['name']}:{m['version']} ({m['task']})" for m in models) or "none"
+    if model is None:
+        chosen = [m for m in models if m["task"] == task and m["default"]]
+        if not chosen:
+            raise CommandError(f"the service at {client.url} has no {task} model (its models: {loaded})")
+        return chosen[0]
+    name, _, version = model.partition(":")
+    chosen = [m for m in models if m["name"] == name and (not version or m["version"] == version)]
+    if not chosen:
+        raise CommandError(f"the service at {client.url} has no model {model!r} (its models: {loaded})")
+    described = max(chosen, key=lambda m: _version_key(m["version"]))
+    if task is not None and described["task"] != task:
+        raise CommandError(f"{model} is a {described['task']} model, not a {task} model")
+    return described
+
+
+def _ref(described: dict[str, Any]) -> str:
+    return f"{described['name']}:{described['version']}"
+
+
+def _forecast_rows(table: Table, described: dict[str, Any], columns: str | None, last: int | None
+                   ) -> list[list[float]]:
+    """The table's rows for the forecaster ``described`` (GET /models), each holding its variables in its order."""
+    settings = described.get("manifest", {}).get("settings", {})
+    variables = list(settings.get("variables") or described.get("value_range") or [])
+    if not variables:
+        raise CommandError(f"{_ref(described)} does not say which variables a row holds (GET /models)")
+    return _rows(table, _columns(table, variables, _ref(described), columns), last)
 
 
 def _print(answer: Any) -> None:
@@ -153,45 +326,36 @@ def _print(answer: Any) -> None:
 
 
 def _print_stream(stream: Any) -> dict[str, Any]:
+    """Prints a summary as it arrives, then, on stderr, how much of the document the model read."""
     for text in stream:
         print(text, end="", flush=True)
     print()
-    return stream.result
+    result = stream.result or {}
+    read, total = result.get("tokens_read"), result.get("tokens_total")
+    if result.get("truncated"):
+        print(f"(read {read:,} of {total:,} tokens: the model reads the first {read:,}; the rest was not "
+              "summarized)", file=sys.stderr)
+    elif total is not None:
+        print(f"(read all {total:,} tokens)", file=sys.stderr)
+    return result
 
 
-def _calling(verb: Any) -> Any:
-    """Runs a client verb; an error answer or an unreachable service is one line on stderr, exit 1."""
-
-    def run(argv: Sequence[str]) -> int:
-        import httpx
-
-        from rtserve.client import APIError
-
-        try:
-            return verb(argv)
-        except APIError as error:
-            print(f"rtserve: the service answered {error}", file=sys.stderr)
-        except httpx.HTTPError as error:
-            print(f"rtserve: cannot reach the service: {error}", file=sys.stderr)
-        return 1
-
-    return run
-
-
-@_calling
 def _classify(argv: Sequence[str]) -> int:
-    parser = _client_parser("rtserve classify", "Classify a document (a text file, - for stdin).")
-    parser.add_argument("file")
+    parser = _client_parser("rtserve classify", "Classify a document (a text file, - for stdin).",
+                            model="the service's default classifier")
+    parser.add_argument("file", help="UTF-8 text file, - for stdin")
     args = parser.parse_args(argv)
+    text = _read_text(args.file)
     with _client(args) as client:
-        _print(client.classify(_read_text(args.file), model=args.model))
+        _print(client.classify(text, model=args.model))
     return 0
 
 
-@_calling
 def _summarize(argv: Sequence[str]) -> int:
-    parser = _client_parser("rtserve summarize", "Summarize a document (a text file, - for stdin).")
-    parser.add_argument("file")
+    parser = _client_parser("rtserve summarize", "Summarize a document (a text file, - for stdin). The answer says "
+                            "how much of it the model read (tokens_read of tokens_total, truncated); with --stream, "
+                            "on stderr after the summary.", model="the service's default summarizer")
+    parser.add_argument("file", help="UTF-8 text file, - for stdin")
     parser.add_argument("--stream", action="store_true", help="print the summary as it is generated")
     parser.add_argument("--max-length", type=int, help="most summary tokens (default: the model's rule)")
     parser.add_argument("--beam-size", type=int, help="beam width for free decoding, 1 = greedy (default: the "
@@ -209,54 +373,76 @@ def _summarize(argv: Sequence[str]) -> int:
     return 0
 
 
-@_calling
+COLUMNS_HELP = ("the file's columns to read as the model's variables, in the model's order (GET /models: "
+                "manifest.settings.variables), for a header that names them otherwise (default: the columns named as "
+                "the variables, case aside, in any order)")
+
+
 def _forecast(argv: Sequence[str]) -> int:
-    parser = _client_parser("rtserve forecast", "Forecast the rows after a CSV file's rows (- for stdin).")
-    parser.add_argument("csv")
-    parser.add_argument("--columns", help="comma-separated column names, in the model's order (default: every "
-                        "numeric column)")
-    parser.add_argument("--last", type=int, help="send only the last N rows (default: all)")
+    parser = _client_parser(
+        "rtserve forecast", "Forecast the rows after a CSV file's rows (- for stdin), one row a time step, oldest "
+        "first. The header row's names are matched to the model's variables (case and surrounding spaces aside) and "
+        "each row is sent in the model's order; other columns (a date ...) are left out. A variable without a "
+        "column, or a name that two columns answer to, is refused. A file without a header row must hold the "
+        "model's variables alone, in its order.", model="the service's default forecaster")
+    parser.add_argument("csv", help="CSV file with a header row, - for stdin")
+    parser.add_argument("--columns", metavar="A,B,...", help=COLUMNS_HELP)
+    parser.add_argument("--last", type=_positive, metavar="N", help="send only the last N rows (default: all)")
     args = parser.parse_args(argv)
-    rows = _read_rows(args.csv, args.columns.split(",") if args.columns else None, args.last)
+    table = _read_table(_read_text(args.csv), "stdin" if args.csv == "-" else args.csv)
     with _client(args) as client:
-        _print(client.forecast(rows, model=args.model))
+        described = _served_model(client, args.model, "forecast")
+        _print(client.forecast(_forecast_rows(table, described, args.columns, args.last), model=_ref(described)))
     return 0
 
 
-@_calling
 def _session(argv: Sequence[str]) -> int:
-    common = _client_parser("rtserve session", "", add_help=False)
-    parser = argparse.ArgumentParser(prog="rtserve session",
+    parser = argparse.ArgumentParser(prog="rtserve session", formatter_class=HelpFormatter,
                                      description="Sessions: stream a long input piece by piece, or manage one.")
     verbs = parser.add_subparsers(dest="verb", required=True)
-    stream = verbs.add_parser("stream", help="send a file through a new session in pieces, then finish",
-                              parents=[common], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    stream.add_argument("file", help="text file (classify, summarize) or CSV file (forecast)")
-    stream.add_argument("--task", choices=["classify", "summarize", "forecast"], help="the task (or --model)")
-    stream.add_argument("--piece-chars", type=int, default=2000, help="characters per piece (text)")
-    stream.add_argument("--piece-rows", type=int, default=24, help="rows per piece (CSV)")
+    stream = verbs.add_parser(
+        "stream", help="send a file through a new session in pieces, then finish", formatter_class=HelpFormatter,
+        parents=[_client_parser("rtserve session", "", add_help=False, model="the task's default model")],
+        description="Send a file through a new session in pieces, then finish it and print the final answer. A CSV "
+        "file's columns are matched to the forecaster's variables as `rtserve forecast` matches them.")
+    stream.add_argument("file", help="UTF-8 text file (classify, summarize) or CSV file (forecast), - for stdin")
+    stream.add_argument("--task", choices=["classify", "summarize", "forecast"],
+                        help="the task (default: the --model's)")
+    stream.add_argument("--piece-chars", type=_positive, default=2000, metavar="N", help="characters per piece (text)")
+    stream.add_argument("--piece-rows", type=_positive, default=24, metavar="N", help="rows per piece (CSV)")
+    stream.add_argument("--columns", metavar="A,B,...", help="forecasts: " + COLUMNS_HELP)
     stream.add_argument("--stream", action="store_true", help="summaries: print the summary as it is generated")
-    for name, text in (("status", "where a session stands"), ("finish", "finish a session: the final answer"),
-                       ("delete", "delete a session")):
-        verb = verbs.add_parser(name, help=text, parents=[common],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        verb.add_argument("session_id")
+    for verb_name, says in (("status", "where a session stands"), ("finish", "finish a session: the final answer"),
+                            ("delete", "delete a session")):
+        verb = verbs.add_parser(verb_name, help=says, description=says[0].upper() + says[1:] + ".",
+                                parents=[_client_parser("rtserve session", "", add_help=False)],
+                                formatter_class=HelpFormatter)
+        verb.add_argument("session_id", help="the session's id")
     args = parser.parse_args(argv)
+    if args.verb == "stream":
+        if args.task is None and args.model is None:
+            stream.error("name a --task or a --model")
+        content, source = _read_text(args.file), "stdin" if args.file == "-" else args.file
+        table = _read_table(content, source) if args.task == "forecast" else None  # the file's mistakes come first
     with _client(args) as client:
         if args.verb == "stream":
-            if args.task is None and args.model is None:
-                stream.error("name a --task or a --model")
-            with client.session(task=args.task, model=args.model) as session:
-                if session.info["task"] == "forecast":
-                    rows = _read_rows(args.file, None, None)
+            described = _served_model(client, args.model, args.task) if args.model or args.task == "forecast" else None
+            task = described["task"] if described else args.task
+            rows: list[list[float]] = []
+            if task == "forecast":
+                assert described is not None  # a forecast session is named by --task forecast or a forecaster
+                rows = _forecast_rows(table or _read_table(content, source), described, args.columns, None)
+            elif args.columns:
+                raise CommandError(f"--columns names a CSV file's columns, for forecasts; this is a {task} session")
+            with client.session(task=args.task, model=_ref(described) if described else None) as session:
+                if task == "forecast":
                     for start in range(0, len(rows), args.piece_rows):
                         session.send(rows=rows[start : start + args.piece_rows])
                 else:
-                    text = _read_text(args.file)
-                    for start in range(0, len(text), args.piece_chars):
-                        session.send(text=text[start : start + args.piece_chars])
+                    for start in range(0, len(content), args.piece_chars):
+                        session.send(text=content[start : start + args.piece_chars])
                 print(f"session {session.id}: {session.seq} pieces sent", file=sys.stderr)
-                if args.stream and session.info["task"] == "summarize":
+                if args.stream and task == "summarize":
                     _print_stream(session.finish_stream())
                 else:
                     _print(session.finish())
@@ -283,23 +469,82 @@ USAGE = """usage: rtserve {serve,train,eval,judgement,export,bench,classify,summ
   classify   classify a text file with a running service: rtserve classify FILE [--url URL] [--api-key KEY]
   summarize  summarize a text file: rtserve summarize FILE [--stream]
   forecast   forecast after a CSV file's rows: rtserve forecast CSV [--columns A,B,...] [--last N]
-  session    stream a file through a session, or status / finish / delete one: rtserve session --help"""
+  session    stream a file through a session, or status / finish / delete one: rtserve session --help
+A mistake (a file, a flag, the service's address) is one line on stderr and exit status 1; --debug (anywhere
+on the line) or RTSERVE_DEBUG=1 shows its traceback."""
+
+
+def _service_address(error: Exception) -> str:
+    try:
+        url = error.request.url  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # an httpx error raised before its request was made
+        return os.environ.get("RTSERVE_URL", "the service's address")
+    return f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}"
+
+
+def _settings_error(error: BaseException) -> str | None:
+    """A service setting (an ``RTSERVE_*`` variable) the service refuses, named as the variable."""
+    if type(error).__name__ != "ValidationError" or getattr(error, "title", None) != "Settings":
+        return None
+    return "; ".join(f"RTSERVE_{'_'.join(map(str, item['loc'])).upper()}: {item['msg']} (it is {item['input']!r})"
+                     for item in error.errors())  # type: ignore[attr-defined]
+
+
+def _one_line(error: BaseException) -> str | None:
+    """The line a user's mistake is told in, or None for a fault of rtserve's own (shown with its traceback)."""
+    import httpx
+
+    from models.data.files import DataFileError
+    from rtserve.client import APIError
+
+    if isinstance(error, CommandError | DataFileError):  # the user's file or flag needs the change
+        return str(error)
+    if isinstance(error, APIError):
+        return f"the service answered {error}"
+    change = "set the address with --url URL or RTSERVE_URL"
+    if isinstance(error, httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return f"the service's address must be http://HOST:PORT or https://... ({error}): {change}"
+    if isinstance(error, httpx.TimeoutException):
+        return f"the service at {_service_address(error)} did not answer in time ({type(error).__name__})"
+    if isinstance(error, httpx.HTTPError):
+        return (f"cannot reach the service at {_service_address(error)} ({error}): is it running (rtserve serve, "
+                f"make serve)? If it is elsewhere, {change}")
+    settings = _settings_error(error)
+    if settings is not None:
+        return settings
+    if isinstance(error, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({error.reason} at byte {error.start})"
+    if isinstance(error, OSError) and error.filename is not None:
+        reasons = {FileNotFoundError: "no such file or folder", IsADirectoryError: "a folder, not a file",
+                   NotADirectoryError: "not a folder", PermissionError: "permission denied"}
+        return f"{error.filename}: {reasons.get(type(error), error.strerror)}"
+    if isinstance(error, FileNotFoundError):  # raised with a sentence of its own (a folder that is not a checkpoint)
+        return str(error)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("RTSERVE_DEBUG", "").strip() not in ("", "0", "false", "no")
+    argv = [arg for arg in argv if arg != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
         print(f"rtserve: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
-    from models.data.files import DataFileError
-
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except DataFileError as error:  # the user's file, not rtserve, needs the change: no traceback
-        print(f"rtserve {argv[0]}: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(file=sys.stderr)
+        return 130
+    except Exception as error:
+        line = None if debug else _one_line(error)
+        if line is None:
+            raise
+        print(f"rtserve {argv[0]}: {line}", file=sys.stderr)
         return 1
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from models.cli_help import HelpFormatter
 from service.runtime.pipeline import run_whole
 from service.runtime.registry import LoadedModel, load_model
 from service.settings import Settings
@@ -216,8 +217,12 @@ def systems_table(systems: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rtserve eval", description="Score an exported model-repository entry.")
-    parser.add_argument("entry", help="model-repository entry folder (holds manifest.json)")
+    parser = argparse.ArgumentParser(
+        prog="rtserve eval", formatter_class=HelpFormatter,
+        description="Score an exported model-repository entry through the serving path; prints one JSON object. "
+        "A checkpoint folder (config.json + model.safetensors) is scored by its family's recipe instead, which "
+        "takes its own options: rtserve eval CHECKPOINT --help.")
+    parser.add_argument("entry", help="model-repository entry folder (holds manifest.json), or a checkpoint folder")
     parser.add_argument("--data", required=True, help="a data file (JSON Lines for text, CSV for series) or a "
                         "bundled corpus's folder")
     parser.add_argument("--split", default="test", help="a bundled corpus's split: train | dev/val | test | all")

@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from models.cli_help import HelpFormatter
+
 SHEET_FORMAT = "rtserve-judgement-sheet/1"
 KEY_FORMAT = "rtserve-judgement-key/1"
 CRITERIA = {
@@ -214,17 +216,20 @@ def merge(out: Path, sheets: Sequence[Path], seed: int) -> tuple[Path, Path]:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rtserve judgement", description="Blind judgement sheets of summaries "
+    parser = argparse.ArgumentParser(prog="rtserve judgement", formatter_class=HelpFormatter,
+                                     description="Blind judgement sheets of summaries "
                                      "(written by `rtserve eval ... --judgement-sheet FILE.json`).")
     verbs = parser.add_subparsers(dest="verb", required=True)
-    scoring = verbs.add_parser("score", help="un-blind a filled sheet: mean 1-5 score per system and criterion")
-    scoring.add_argument("sheet")
+    scoring = verbs.add_parser("score", formatter_class=HelpFormatter,
+                               help="un-blind a filled sheet: mean 1-5 score per system and criterion")
+    scoring.add_argument("sheet", help="the filled sheet (JSON)")
     scoring.add_argument("--key", help="the sheet's key (default: <sheet>.key.json beside it)")
     scoring.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    merging = verbs.add_parser("merge", help="join sheets (each with its key beside it) into one, reshuffled")
+    merging = verbs.add_parser("merge", formatter_class=HelpFormatter,
+                               help="join sheets (each with its key beside it) into one, reshuffled")
     merging.add_argument("out", help="the joined sheet; its key is written beside it")
-    merging.add_argument("sheets", nargs="+")
-    merging.add_argument("--seed", type=int, default=0)
+    merging.add_argument("sheets", nargs="+", help="the sheets to join")
+    merging.add_argument("--seed", type=int, default=0, help="the order of the joined sheet's items")
     args = parser.parse_args(list(argv))
     try:
         if args.verb == "score":

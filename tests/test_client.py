@@ -183,3 +183,95 @@ def test_server_logs_are_json_with_request_ids_and_route_templates(server):
     assert any(line["route"] == "/sessions/{session_id}" and line["request_id"] == "trace-42" for line in access)
     assert not any(session.id in json.dumps(line) for line in access)
     assert {line["route"] for line in access} >= {"/sessions", "/sessions/{session_id}/segments", "/readyz"}
+
+
+def write_series(path, header, table):
+    """A CSV file: ``header`` (None: no header row) and ``table``'s rows, a date column first."""
+    lines = [",".join(["date", *header])] if header is not None else []
+    lines += [",".join([f"2016-07-01 {h:02d}:00:00", *map(str, row)]) for h, row in enumerate(table)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_forecast_reorders_columns_by_name(server, tmp_path):
+    url, _ = server
+    series = rows(40)
+    with Client(url, api_key=KEY) as client:
+        expected = client.forecast(series)
+    order = [6, 2, 0, 5, 1, 4, 3]  # the file's columns in another order, named in another case, with one extra
+    header = [VARIABLES[i].lower() if i % 2 else VARIABLES[i] for i in order] + ["note"]
+    shuffled = write_series(tmp_path / "shuffled.csv", header, [[row[i] for i in order] + [1.0] for row in series])
+    done = cli(url, "forecast", str(shuffled))
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["variables"] == expected["variables"] == VARIABLES
+    np.testing.assert_allclose(answer["forecast"], expected["forecast"], atol=1e-6)
+
+
+def test_forecast_columns_name_the_files_columns_for_the_models_variables_in_its_order(server, tmp_path):
+    url, _ = server
+    series = rows(40)
+    with Client(url, api_key=KEY) as client:
+        expected = client.forecast(series)
+    names = [f"sensor {i}" for i in range(len(VARIABLES))]  # a header that names the variables otherwise
+    order = [3, 0, 6, 1, 5, 2, 4]
+    renamed = write_series(tmp_path / "renamed.csv", [names[i] for i in order], [[row[i] for i in order]
+                                                                                for row in series])
+    done = cli(url, "forecast", str(renamed), "--columns", ",".join(names))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_allclose(json.loads(done.stdout)["forecast"], expected["forecast"], atol=1e-6)
+    named = write_series(tmp_path / "named.csv", VARIABLES, series)  # the model's names, listed out of its order
+    swapped = cli(url, "forecast", str(named), "--columns", ",".join([VARIABLES[1], VARIABLES[0], *VARIABLES[2:]]))
+    assert swapped.returncode == 1 and swapped.stdout == ""
+    assert swapped.stderr.count("\n") == 1 and f"puts '{VARIABLES[1]}' where rsa-tiny:1 reads '{VARIABLES[0]}'" \
+        in swapped.stderr
+
+
+@pytest.mark.parametrize(("header", "says"), [
+    (VARIABLES[:-1], f"has no column for rsa-tiny:1's variable {VARIABLES[-1]}"),
+    ([*VARIABLES, VARIABLES[-1]], f"2 columns are called '{VARIABLES[-1]}'"),
+    ([*VARIABLES, VARIABLES[0].lower()], f"2 columns are called '{VARIABLES[0]}'"),
+], ids=["a-variable-missing", "a-name-twice", "names-that-differ-in-case-only"])
+def test_forecast_refuses_a_file_whose_columns_do_not_name_each_variable_once(header, says, server, tmp_path):
+    url, _ = server
+    table = [row + [0.5] * (len(header) - len(row)) for row in rows(40)]
+    done = cli(url, "forecast", str(write_series(tmp_path / "series.csv", header, [r[:len(header)] for r in table])))
+    assert done.returncode == 1 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("rtserve forecast: ") and says in done.stderr
+
+
+@pytest.mark.parametrize("choose", [["--task", "forecast"], ["--model", "rsa-tiny"]], ids=["task", "model"])
+def test_session_stream_reorders_forecast_columns_by_name(choose, server, tmp_path):
+    url, _ = server
+    series = rows(40)
+    with Client(url, api_key=KEY) as client:
+        expected = client.forecast(series)
+    order = list(reversed(range(len(VARIABLES))))
+    shuffled = write_series(tmp_path / "shuffled.csv", [VARIABLES[i] for i in order],
+                            [[row[i] for i in order] for row in series])
+    done = cli(url, "session", "stream", str(shuffled), *choose, "--piece-rows", "9")
+    assert done.returncode == 0, done.stderr
+    final = json.loads(done.stdout)
+    assert final["session"]["seq"] == 5
+    np.testing.assert_allclose(final["forecast"], expected["forecast"], atol=1e-5)
+
+
+def test_streamed_summary_says_how_much_of_the_document_was_read(server, tmp_path):
+    url, _ = server
+    long = tmp_path / "long.txt"
+    long.write_text(TEXT * 3)
+    whole = json.loads(cli(url, "summarize", str(long), "--max-length", "20").stdout)
+    assert whole["truncated"] and whole["tokens_read"] < whole["tokens_total"]  # the JSON answer says so itself
+    note = (f"(read {whole['tokens_read']:,} of {whole['tokens_total']:,} tokens: the model reads the first "
+            f"{whole['tokens_read']:,}; the rest was not summarized)")
+    streamed = cli(url, "summarize", str(long), "--max-length", "20", "--stream")
+    assert streamed.returncode == 0 and streamed.stdout == whole["summary"] + "\n"
+    assert streamed.stderr.splitlines() == [note]
+    through = cli(url, "session", "stream", str(long), "--task", "summarize", "--stream", "--piece-chars", "400")
+    assert through.returncode == 0 and note in through.stderr.splitlines(), through.stderr
+    short = tmp_path / "short.txt"
+    short.write_text(TEXT)
+    whole = json.loads(cli(url, "summarize", str(short)).stdout)
+    assert not whole["truncated"]
+    assert cli(url, "summarize", str(short), "--stream").stderr.splitlines() == [
+        f"(read all {whole['tokens_total']:,} tokens)"]

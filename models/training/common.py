@@ -13,13 +13,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.cli_help import HelpFormatter
+
 
 def command_parser(prog: str, description: str | None = None,
                    parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
     """The parser of a recipe's command (``rtserve train <family>``, ``rtserve eval``, ...): every flag's help
-    ends with its default."""
+    ends with its default, once, where it has one (:class:`models.cli_help.HelpFormatter`)."""
     return argparse.ArgumentParser(prog=prog, description=description, parents=list(parents),
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=HelpFormatter)
 
 
 def seed_everything(seed: int) -> None:

@@ -81,7 +81,8 @@ def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, n
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = command_parser(
         prog, "Train a forecaster: on CSV series (--train, --dev) or on ETTh1 (--data, Informer protocol).")
-    parser.add_argument("family", choices=sorted(f.name for f in families() if f.recipe == __name__))
+    parser.add_argument("family", choices=sorted(f.name for f in families() if f.recipe == __name__),
+                        help=argparse.SUPPRESS)  # `rtserve train <family>` names it
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="ETT-layout CSV (date column, then variables), "
                         "split by the Informer protocol; unused with --train")
     parser.add_argument("--train", help="CSV with a header row, one row a time step, oldest first")
@@ -156,7 +157,7 @@ def read_files(args: argparse.Namespace) -> tuple[SeriesTable, SeriesTable]:
 
 
 def train_main(argv: Sequence[str]) -> int:
-    parser = _parser("rtserve train")
+    parser = _parser(f"rtserve train {argv[0]}" if argv and not argv[0].startswith("-") else "rtserve train")
     args = parser.parse_args(list(argv))
     if (args.train is None) != (args.dev is None):
         parser.error("give --train FILE and --dev FILE (CSV), or neither for --data (ETTh1, Informer protocol)")

@@ -301,7 +301,7 @@ def train_main(argv: Sequence[str]) -> int:
     parser = command_parser(
         "rtserve train rmt", "Train an RMT classifier: on labelled documents in JSON Lines (--train, --dev) or on "
         "Hyperpartisan (--data).", parents=[recipe_parser()])
-    parser.add_argument("family", choices=["rmt"])
+    parser.add_argument("family", choices=["rmt"], help=argparse.SUPPRESS)  # `rtserve train <family>` names it
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument(
         "--fit-on", choices=["train", "train+dev"], default="train",

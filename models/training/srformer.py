@@ -307,7 +307,7 @@ def train_main(argv: Sequence[str]) -> int:
     parser = command_parser(
         "rtserve train srformer", "Train an SRformer summarizer: on source/summary pairs in JSON Lines (--train, "
         "--dev) or on BBC News Summary or SumPubMed (--data).")
-    parser.add_argument("family", choices=["srformer"])
+    parser.add_argument("family", choices=["srformer"], help=argparse.SUPPRESS)  # `rtserve train <family>` names it
     add_pair_sources(parser, "bbc-news-summary or sumpubmed folder", "the epoch kept is the one scoring best here")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint folder to write")
     parser.add_argument("--cross-attention", choices=["full", "segmented", "srformer"], default="srformer")
