@@ -71,9 +71,9 @@ class RequestScope:
         try:
             await self.app(scope, receive, answering)
         finally:
-            request_id_var.reset(token)
             record_request(self.metrics, route_template(scope), scope, status, time.perf_counter() - started,
                            self.log_access)
+            request_id_var.reset(token)
 
 
 class BodyLimitMiddleware:

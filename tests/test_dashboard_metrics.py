@@ -69,10 +69,10 @@ def test_every_queried_rtserve_metric_and_route_is_exposed_by_a_running_service(
     gpu_only = {name for name in queried if name.startswith(GPU_ONLY)}
     missing = sorted(name for name in queried - gpu_only if name not in samples)
     assert not missing, f"queried but not in /metrics: {missing}"
-    source = (ROOT / "service" / "metrics.py").read_text()
+    source = (ROOT / "service" / "metrics.py").read_text() + (ROOT / "service" / "gpu_metrics.py").read_text()
     for name in gpu_only:  # exposed only where NVML sees a GPU: at least the family is the one the code exports
         family = re.sub(r"_total$", "", name)
-        assert f'"{family}"' in source, f"{name}: no such family in service/metrics.py"
+        assert f'"{family}"' in source, f"{name}: no such family in service/metrics.py or service/gpu_metrics.py"
     for expr in queried_expressions():
         for alternatives in re.findall(r'route=~"([^"]+)"', expr):
             for route in alternatives.replace("\\\\", "\\").split("|"):
