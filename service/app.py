@@ -17,14 +17,13 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.openapi.utils import get_openapi
 
 from service.embedded_redis import EmbeddedRedis
 from service.errors import install_error_handlers
 from service.loop_lag import LoopLag
 from service.metrics import ServiceMetrics
-from service.middleware import BodyLimitMiddleware, RequestScope
+from service.middleware import BodyLimitMiddleware, CompressLargeAnswers, RequestScope
 from service.routers import classify, docs, forecast, health, models, sessions, streams, summarize
 from service.runtime.engine_client import EngineClient
 from service.runtime.registry import ModelRegistry
@@ -115,8 +114,8 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
     # the last added is the outermost
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                        read_timeout_seconds=settings.request_read_timeout_seconds)
-    if settings.gzip_minimum_bytes > 0:  # Starlette never compresses text/event-stream
-        app.add_middleware(GZipMiddleware, minimum_size=settings.gzip_minimum_bytes)
+    if settings.gzip_minimum_bytes > 0:  # never text/event-stream, nor a session piece's answer
+        app.add_middleware(CompressLargeAnswers, minimum_size=settings.gzip_minimum_bytes)
     app.add_middleware(ShutdownMiddleware, shutdown=shutdown)  # inside CORS: a cut request's 503 has its headers
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],

@@ -39,6 +39,10 @@ bearer = HTTPBearer(auto_error=False, scheme_name="Bearer",
                     description="The same API key as a Bearer token: `Authorization: Bearer <key>`.")
 
 
+# What an operation that checks the key itself (owner_of_request) declares in OpenAPI, as get_owner's Security does
+SECURED = {"security": [{"APIKey": []}, {"Bearer": []}]}
+
+
 async def get_owner(
     request: Request, settings: SettingsDep,
     _key: Annotated[str | None, Security(api_key_header)] = None,
@@ -68,6 +72,11 @@ OwnerDep = Annotated[str, Depends(get_owner)]
 
 
 async def get_quota(request: Request, settings: SettingsDep, owner: OwnerDep) -> str:
+    """The dependency of :func:`quota_of`."""
+    return quota_of(request, settings, owner)
+
+
+def quota_of(request: HTTPConnection, settings: Settings, owner: str) -> str:
     """Whose session quota a create counts against: the API key's owner, or without keys the client address.
 
     The address is the TCP peer, or the `X-Forwarded-For` client when uvicorn trusts the proxy

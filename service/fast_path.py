@@ -26,6 +26,7 @@ import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import orjson
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
@@ -128,31 +129,38 @@ class JSONBodyRoute(APIRoute):
 
 
 # ---- what a fast path takes: bodies of exactly the plain types ------------------------------------------------
-def plain_rows(rows: Any) -> list[list[float]] | None:
-    """``rows`` as validation takes them when every row is a list of JSON numbers (int or float, never bool), finite
-    and within float32's range, at least one row: ints become floats, as pydantic makes them (a piece's digest reads
-    them); None otherwise."""
-    if type(rows) is not list or not rows:
+def plain_rows(rows: Any, raw: bytes | str) -> np.ndarray | None:
+    """``rows`` as validation takes them, as a float64 array ``(T, C)``, when they are at least one row of JSON
+    numbers (int or float, never bool), finite and within float32's range; None otherwise (validation then names what
+    is wrong). ``raw``: the body they were parsed from. The checks run in numpy, not per value: the rows become one
+    array (None for ragged rows, strings, nulls, integers past 64 bits), and a body holding no ``true``/``false``
+    holds no bool (in a body of only ``seq`` and ``rows`` a bool could be nowhere else; in any other a ``true``
+    anywhere leaves the body to validation, which is right either way)."""
+    if type(rows) is not list or not rows or _may_hold_a_bool(raw):
         return None
-    has_int = False
-    for row in rows:
-        if type(row) is not list:
-            return None
-        for value in row:
-            kind = type(value)
-            if kind is int:
-                has_int = True
-            elif kind is not float:
-                return None
-            if not -FLOAT32_MAX <= value <= FLOAT32_MAX:  # also False for NaN
-                return None
-    return [[float(value) for value in row] for row in rows] if has_int else rows
+    try:
+        array = np.array(rows)
+    except (ValueError, OverflowError):  # ragged rows
+        return None
+    if array.ndim != 2 or array.dtype.kind not in "fi":
+        return None
+    if array.dtype.kind == "i":
+        array = array.astype(np.float64)  # as pydantic reads a JSON integer: a float (the digest reads it)
+    if array.size and not np.abs(array).max() <= FLOAT32_MAX:  # also False for NaN
+        return None
+    return array
 
 
-def plain_piece(body: Any) -> tuple[int, str | None, list[list[float]] | None] | None:
+def _may_hold_a_bool(raw: bytes | str) -> bool:
+    if isinstance(raw, str):
+        return "true" in raw or "false" in raw
+    return b"true" in raw or b"false" in raw
+
+
+def plain_piece(body: Any, raw: bytes | str) -> tuple[int, str | None, np.ndarray | None] | None:
     """``(seq, text, rows)`` of a session piece that validation takes as it is; None for any other body, which
     validation then names what is wrong with. Only the plain types pass: ``seq`` an int (not a bool, not 8.0) from
-    1, ``text`` a str or ``rows`` (:func:`plain_rows`), and no other field."""
+    1, ``text`` a str or ``rows`` (:func:`plain_rows`), and no other field. ``raw``: the body as it came."""
     if type(body) is not dict or len(body) != 2:
         return None
     seq = body.get("seq")
@@ -161,7 +169,7 @@ def plain_piece(body: Any) -> tuple[int, str | None, list[list[float]] | None] |
     text = body.get("text")
     if type(text) is str:
         return seq, text, None
-    numbers = plain_rows(body.get("rows"))
+    numbers = plain_rows(body.get("rows"), raw)
     return None if numbers is None else (seq, None, numbers)
 
 

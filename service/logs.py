@@ -44,6 +44,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
+class NoConnectionLines(logging.Filter):
+    """Drops uvicorn's line per WebSocket connection (``127.0.0.1:5000 - "WebSocket /sessions/<id>/stream"
+    [accepted]``): it names the session's id, which stays out of logs; the service writes its own access lines,
+    with the route template (``RTSERVE_ACCESS_LOG``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith('%s - "WebSocket %s"'))
+
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
@@ -61,6 +70,9 @@ def configure_logging(level: str, log_format: str) -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(existing, NoConnectionLines) for existing in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(NoConnectionLines())
 
 
 def uvicorn_log_config() -> dict:

@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -142,6 +143,23 @@ class BodyLimitMiddleware:
 TOO_LARGE_HINT = "send long inputs through a session in pieces"
 
 
+PIECE_PATH = re.compile(r"/sessions/[^/]+/segments")
+
+
+class CompressLargeAnswers(GZipMiddleware):
+    """Starlette's gzip for clients that accept it (level 6, zlib's default), except a session piece's answer: a few
+    KB at most, which costs more CPU to compress than it saves on a network (and pieces are the busiest route)."""
+
+    def __init__(self, app: ASGIApp, minimum_size: int) -> None:
+        super().__init__(app, minimum_size=minimum_size, compresslevel=6)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and PIECE_PATH.fullmatch(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def record_request(metrics: ServiceMetrics, route: str, scope: Scope, status: int, seconds: float,
                    log_access: bool) -> None:
     """Count and time one request of ``route`` (its template) by model and status; its access log line."""
@@ -152,8 +170,8 @@ def record_request(metrics: ServiceMetrics, route: str, scope: Scope, status: in
     metrics.labelled(metrics.request_seconds, *labels).observe(seconds)
     if log_access:
         access_log.info(
-            "%s %s %d %.1f ms", scope.get("method"), route, status, seconds * 1000,
-            extra={"method": scope.get("method"), "route": route, "status": status, "model": model,
+            "%s %s %d %.1f ms", scope.get("method", "WS"), route, status, seconds * 1000,
+            extra={"method": scope.get("method", "WS"), "route": route, "status": status, "model": model,
                    "duration_ms": round(seconds * 1000, 3)},
         )
 

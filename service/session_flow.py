@@ -1,7 +1,9 @@
 """Applying a piece to a session exactly once, on any replica, whatever the transport (HTTP or a stream).
 
 1. A session this replica applied the last piece of is in its cache (:mod:`service.sessions.cache`): when ``seq`` is
-   its next piece, the piece is computed from the kept state at once, with no read of the session first.
+   its next piece, the piece is computed from the kept state at once, with no read of the session first. A model
+   whose step is light (an RSA step) takes no lock for it: computing it twice, on a retry sent elsewhere meanwhile,
+   costs less than the lock's round trip; a heavy one asks for the lock first (one round trip, no read).
 2. Otherwise one round trip (``SessionStore.begin``) reads meta, the state (for the next piece) and the last result
    (for a retry), and takes the session's short lock when the piece is the next one. ``seq`` equal to the last
    applied one is a retry: the stored result answers it (refused if the piece differs). Anything but last + 1 is
@@ -17,7 +19,6 @@ Errors raised once the session was read carry its model (``model_ref``), for the
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -39,9 +40,7 @@ from service.sessions import (
 )
 from service.sessions.cache import Kept, StateCache
 from service.sessions.digest import piece_digest, same_piece
-from service.sessions.lease import stream_token
-
-log = logging.getLogger("rtserve")
+from service.sessions.lease import Holder, stream_token
 
 INDEX_TOUCH_SECONDS = 60.0  # a kept session's index entries move to its new idle expiry at most this often
 ROUNDS = 3  # reads of a session a piece may take before it is refused as a conflict
@@ -83,10 +82,14 @@ class SessionFlow:
         self.registry = registry
         self.metrics = metrics
         self.cache = cache
-        self._streams: set[tuple[str, str]] = set()  # (session, lease token) of the streams open here
 
     async def create(self, model: LoadedModel, owner: str, quota: str | None = None) -> SessionMeta:
-        return await self.sessions.create(model.ref, model.task, owner, model.new_state(), quota)
+        """A new session, kept here with its initial state: its first piece (or its stream) on this replica reads
+        nothing back."""
+        state = model.new_state()
+        meta = await self.sessions.create(model.ref, model.task, owner, state, quota)
+        self.cache.keep(meta.id, Kept(meta, state, {}, indexes_touched=time.time()))
+        return meta
 
     def model_of(self, meta: SessionMeta) -> LoadedModel:
         return self.registry.resolve(meta.model, meta.task)
@@ -102,10 +105,16 @@ class SessionFlow:
                 piece = self._piece(model, kept.meta, text, rows)
                 digest = piece_digest(piece)
                 self._check_room(kept.meta)
-                try:
-                    return await self._compute(model, kept.meta, kept.state, seq, piece, digest, None, kept)
-                except LostRace:  # the session moved on elsewhere: read it and decide anew
-                    self.cache.drop(session_id)
+                if model.light or kept.pins:  # light, or this replica's own stream holds the session
+                    holder, token = Holder.STREAM, None
+                else:  # a heavy step is worth the lock: a retry elsewhere waits for it instead of computing it
+                    holder, token = await self.sessions.leases.take_for_piece(session_id, seq)
+                if holder is not Holder.ANOTHER_PIECE:
+                    try:
+                        return await self._compute(model, kept.meta, kept.state, seq, piece, digest,
+                                                   token if holder is Holder.THIS_PIECE else None, kept)
+                    except LostRace:  # the session moved on elsewhere: read it and decide anew
+                        self.cache.drop(session_id)
         for _ in range(ROUNDS):
             begun = await self.sessions.begin(session_id, owner, seq)
             with about(begun.meta):
@@ -232,28 +241,35 @@ class SessionFlow:
                                    meta.seq + 1) from None
 
     async def open_stream(self, session_id: str, owner: str) -> tuple[SessionMeta, str]:
-        """A stream opens on the session: its meta (for the ``open`` frame) and the lease token it holds until
-        :meth:`close_stream`. Its state is kept (pinned) in the cache, so that its pieces are computed without a
-        read; the lease is taken over from any stream that left it."""
-        meta, state, last_result, _ = await self.sessions.snapshot(session_id, owner)
+        """A stream opens on the session: its meta (for the ``open`` frame) and the lease token it holds while it is
+        open. Its state is kept (pinned) in the cache, so that its pieces are computed without a read. One round trip
+        takes the lease (over any lease another stream left) and tells where the session stands: the state this
+        replica kept serves if it is the current one, else the session is read (one more round trip)."""
         lease = stream_token()
+        kept = self.cache.get(session_id)
+        if kept is not None and kept.meta.owner != owner:
+            kept = None
+        taken = await self.sessions.leases.take_for_stream(session_id, lease) if kept is not None else None
+        if kept is not None and taken == (kept.meta.seq, kept.meta.epoch):
+            meta = kept.meta
+        else:
+            meta, state, last_result, _ = await self.sessions.snapshot(session_id, owner)
+            if meta.status is SessionStatus.OPEN:
+                self.cache.keep(session_id, Kept(meta, state, last_result or {}, indexes_touched=0.0))
+                if kept is None:  # not taken above
+                    await self.sessions.leases.take_for_stream(session_id, lease)
         if meta.status is SessionStatus.OPEN:
-            self.cache.keep(session_id, Kept(meta, state, last_result or {}, indexes_touched=0.0))
             self.cache.pin(session_id)
-            await self.sessions.leases.take_for_stream(session_id, lease)
-            self._streams.add(self.sessions.leases.hold(session_id, lease))
+            self.sessions.leases.hold(session_id, lease)
         return meta, lease
 
-    async def close_stream(self, session_id: str, lease: str) -> None:
-        """The stream closed: its state may be dropped like any other, its lease is given back."""
+    def close_stream(self, session_id: str, lease: str) -> None:
+        """The stream closed: its state may be dropped like any other, and its lease is no longer renewed. The lease
+        is left to lapse (within ``RTSERVE_SESSION_LOCK_SECONDS``) rather than given back: a lease a stream left
+        holds nothing up (an HTTP piece goes ahead, another stream takes it over), and giving it back would cost a
+        round trip per stream."""
         self.cache.unpin(session_id)
-        if (session_id, lease) in self._streams:
-            self._streams.discard((session_id, lease))
-            self.sessions.leases.drop(session_id, lease)
-            try:
-                await self.sessions.leases.release(session_id, lease)
-            except Exception:  # Redis is gone: the lease lapses by itself
-                log.info("could not give back the lease of a closed stream; it lapses within a lease")
+        self.sessions.leases.drop(session_id, lease)
 
     async def delete(self, meta: SessionMeta) -> None:
         """Drop the session ``meta`` describes (read by :meth:`status`, which refuses strangers)."""

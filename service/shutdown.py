@@ -50,7 +50,7 @@ class Shutdown:
         self._drain_timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Timeout] = set()
         self._streams: set[Callable[[], None]] = set()  # each open stream's "close once the frame in flight is out"
-        self._stream_pieces = 0  # stream frames being answered
+        self.stream_pieces = 0  # session stream frames being answered
 
     def begin(self, stop_accepting: Callable[[], None]) -> None:
         """A shutdown signal. The first starts the drain and calls ``stop_accepting`` (uvicorn's own signal handler)
@@ -79,9 +79,9 @@ class Shutdown:
 
     @property
     def requests_in_flight(self) -> int:
-        """Requests of this app that have not ended (each runs in :meth:`cut_off`), and stream frames being
-        answered (:meth:`piece`)."""
-        return len(self._running) + self._stream_pieces
+        """Requests of this app that have not ended (each runs in :meth:`cut_off`), and session stream frames being
+        answered (``stream_pieces``)."""
+        return len(self._running) + self.stream_pieces
 
     @contextmanager
     def streaming(self, close_soon: Callable[[], None]) -> Iterator[None]:
@@ -93,15 +93,6 @@ class Shutdown:
             yield
         finally:
             self._streams.discard(close_soon)
-
-    @asynccontextmanager
-    async def piece(self) -> AsyncIterator[None]:
-        """A stream frame being answered: counted as a request in flight."""
-        self._stream_pieces += 1
-        try:
-            yield
-        finally:
-            self._stream_pieces -= 1
 
     @asynccontextmanager
     async def cut_off(self) -> AsyncIterator[asyncio.Timeout]:

@@ -176,13 +176,21 @@ def test_server_logs_are_json_with_request_ids_and_route_templates(server):
         session.status()
     response = httpx.get(f"{url}/sessions/{session.id}", headers={"X-API-Key": KEY, "X-Request-ID": "trace-42"})
     assert response.headers["x-request-id"] == "trace-42"
+    from websockets.sync.client import connect
+
+    with connect(f"{url.replace('http', 'ws', 1)}/sessions/{session.id}/stream",
+                 additional_headers={"X-API-Key": KEY}) as stream:  # uvicorn's own line would name the session
+        assert json.loads(stream.recv())["event"] == "open"
+        stream.send(json.dumps({"seq": 2, "rows": rows(2)}))
+        assert json.loads(stream.recv())["session"]["seq"] == 2
     time.sleep(0.2)
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]  # every line is JSON
     assert all({"time", "level", "logger", "message", "request_id"} <= set(line) for line in lines)
     access = [line for line in lines if line["logger"] == "rtserve.access"]
     assert any(line["route"] == "/sessions/{session_id}" and line["request_id"] == "trace-42" for line in access)
-    assert not any(session.id in json.dumps(line) for line in access)
-    assert {line["route"] for line in access} >= {"/sessions", "/sessions/{session_id}/segments", "/readyz"}
+    assert not any(session.id in json.dumps(line) for line in lines)
+    assert {line["route"] for line in access} >= {"/sessions", "/sessions/{session_id}/segments", "/readyz",
+                                                  "/sessions/{session_id}/stream"}
 
 
 def write_series(path, header, table):

@@ -2,6 +2,7 @@
 answers, and take only what they take."""
 
 import json
+import time
 
 import numpy as np
 import orjson
@@ -48,20 +49,24 @@ def test_plain_piece_takes_what_validation_takes_with_the_same_values_and_nothin
         [1, 2], "text",
     ]
     for body in bodies:
-        fast, slow = plain_piece(body), validated(body)
+        fast, slow = plain_piece(body, orjson.dumps(body)), validated(body)
         if slow is None:
             assert fast is None, body
         elif fast is not None:
-            assert fast == slow, body
             if fast[2] is not None:  # ints become floats, as validation makes them (the digest reads them)
-                assert all(type(value) is float for row in fast[2] for value in row)
+                assert fast[2].dtype == np.float64
+                fast = (fast[0], fast[1], fast[2].tolist())
+                assert orjson.dumps(fast[2]) == orjson.dumps(slow[2])  # the same digest
+            assert fast == slow, body
     # validation takes these too; the fast path leaves them to it (an int sent as 2.0)
-    assert plain_piece({"seq": 2.0, "text": "x"}) is None and validated({"seq": 2.0, "text": "x"}) == (2, "x", None)
+    assert plain_piece(body := {"seq": 2.0, "text": "x"}, orjson.dumps(body)) is None
+    assert validated({"seq": 2.0, "text": "x"}) == (2, "x", None)
 
 
 def meta(**fields):
     base = dict(id="s1", model="m:1", task="forecast", owner="o", quota="o", seq=3, created=1.5, deadline=9e9,
-                consumed=30, segments=3, state_bytes=2800, piece_sha="", status=SessionStatus.OPEN, ttl_seconds=60.0)
+                consumed=30, segments=3, state_bytes=2800, piece_sha="", status=SessionStatus.OPEN,
+                expires=time.time() + 60)
     return SessionMeta(**(base | fields))
 
 
@@ -103,8 +108,8 @@ def test_fast_and_validated_pieces_answer_alike_and_a_retry_by_either_path_is_th
     monkeypatch.setattr(fast_path.orjson, "loads", counting_loads)
     taken = []
 
-    def counting(body):
-        piece = plain_piece(body)
+    def counting(body, raw):
+        piece = plain_piece(body, raw)
         taken.append(piece is not None)
         return piece
 
@@ -170,3 +175,31 @@ def test_one_shot_fast_and_validated_bodies_answer_alike(client, monkeypatch):
     extra = client.post("/forecast", json={"rows": rows, "model": "nope", "extra": 1})
     assert extra.status_code == 422  # another field: validation's to refuse, before the model is looked up
     assert taken == [True, False, True, False]
+
+
+def test_a_create_by_the_fast_path_answers_what_the_endpoint_answers(client, monkeypatch):
+    """A body of plain strings is created by the route's fast path, one only validation reads (``task`` and ``model``
+    both null) by the endpoint, which refuses it as before; the fast path's answer is the response model's."""
+    from service.routers import sessions as sessions_routes
+    from service.schemas import SessionInfo
+
+    taken = []
+    original = sessions_routes.create_fast
+
+    async def counting(request):
+        answer = await original(request)
+        taken.append(answer is not None)
+        return answer
+
+    monkeypatch.setattr(sessions_routes.create_session, "fast_path", counting)
+    created = client.post("/sessions", json={"task": "forecast"})
+    assert created.status_code == 201 and SessionInfo.model_validate(created.json()).seq == 0
+    assert created.json()["model"] == "rsa-tiny:1" and client.get(f"/sessions/{created.json()['id']}").json() == {
+        **created.json(), "expires_at": client.get(f"/sessions/{created.json()['id']}").json()["expires_at"]}
+    neither = client.post("/sessions", json={"task": None, "model": None})
+    assert neither.status_code == 422 and "name a `task`" in neither.json()["detail"]
+    wrong = client.post("/sessions", json={"task": "translate"})
+    assert wrong.status_code == 422 and "body.task" in wrong.json()["detail"]
+    unknown = client.post("/sessions", json={"model": "nope"})
+    assert unknown.status_code == 404 and "nope" in unknown.json()["detail"]
+    assert taken == [True, False, False, True]

@@ -157,13 +157,21 @@ def test_a_lock_left_by_a_dead_replica_stalls_its_session_under_two_seconds(repo
         assert commands["count"] < 40, f"{commands['count']} Redis commands while waiting"
 
 
-def test_the_lock_is_refreshed_while_a_long_step_runs(repository, redis_url, key_prefix):
-    """A step longer than the lease keeps its lock: a second replica waits instead of computing it twice."""
+@pytest.mark.parametrize("kept", [False, True], ids=["read-first", "kept-heavy-step"])
+def test_the_lock_is_refreshed_while_a_long_step_runs(repository, redis_url, key_prefix, kept, monkeypatch):
+    """A step longer than the lease keeps its lock: a second replica waits instead of computing it twice. The
+    piece takes the lock whether it reads the session first or is computed from a kept state (a step that is not
+    light: a light one takes no lock)."""
     import asyncio
 
+    from service.runtime.registry import LoadedModel
+
+    monkeypatch.setattr(LoadedModel, "light", property(lambda self: False))
     with make_client(repository[0], redis_url, key_prefix) as a, make_client(repository[0], redis_url,
                                                                              key_prefix) as b:
         session = a.post("/sessions", json={"task": "forecast"}).json()
+        if not kept:
+            a.app.state.flow.cache.drop(session["id"])
         url = f"/sessions/{session['id']}/segments"
         pipeline = a.app.state.registry.resolve("rsa-tiny", "forecast").pipeline
         original, steps = pipeline.consume, {"count": 0}

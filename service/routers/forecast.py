@@ -26,7 +26,7 @@ async def forecast_of(call: OneShot, name: str | None, rows: list[list[float]]) 
 async def forecast_fast(request: Request) -> Response | None:
     """The route's fast path (:mod:`service.fast_path`): plain rows answered; None for any other body."""
     body = plain_body(await request.json(), "rows")
-    rows = plain_rows(body["rows"]) if body is not None else None
+    rows = plain_rows(body["rows"], await request.body()) if body is not None else None
     if body is None or rows is None:
         return None
     return answer_json(ForecastResponse, await forecast_of(one_shot_call(request), body.get("model"), rows))

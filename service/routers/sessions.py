@@ -5,14 +5,16 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
+import orjson
 from fastapi import APIRouter, Body, Path, Request, Response
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
-from service.auth import OwnerDep, QuotaDep, owner_of_request
+from models.families import TASKS
+from service.auth import SECURED, OwnerDep, QuotaDep, owner_of_request, quota_of
 from service.dependencies import FlowDep, MetricsDep, RegistryDep
 from service.errors import BODY, check_rows, check_text, responses
-from service.fast_path import JSONBodyRoute, info, piece_answer, plain_piece, with_fast_path
+from service.fast_path import JSONBodyRoute, info, piece_answer, plain_piece, session_fields, with_fast_path
 from service.runtime.pipeline import InputError
 from service.schemas import (
     FinishRequest,
@@ -38,12 +40,32 @@ def final_answer(end: SessionEnd) -> BaseModel:
     return answer(model=end.meta.model, session=info(end.meta), **end.final.result)
 
 
+async def create_fast(request: Request) -> Response | None:
+    """The create's fast path (:mod:`service.fast_path`): a body naming a `task` and/or a `model` by plain strings;
+    None (the endpoint validates it) for any other body."""
+    body = await request.json()
+    if type(body) is not dict or not body or not body.keys() <= {"task", "model"}:
+        return None
+    task, name = body.get("task"), body.get("model")
+    if (task is None and name is None) or (task is not None and task not in TASKS) or (
+            name is not None and type(name) is not str):
+        return None
+    state = request.app.state
+    owner = owner_of_request(request, state.settings)
+    model = state.registry.resolve(name, task)
+    request.state.model = model.ref
+    meta = await state.flow.create(model, owner, quota_of(request, state.settings, owner))
+    return Response(orjson.dumps(session_fields(meta)), status_code=201, media_type="application/json")
+
+
 @router.post(
     "", response_model=SessionInfo, status_code=201, responses=responses(*BODY, 401, 404, 429, 503),
     summary="Open a session for a task or a model",
     description="Name a `task` (its default model answers) or a `model`. Then send pieces with "
-    "`POST /sessions/{session_id}/segments` and end with `POST /sessions/{session_id}/finish`.",
+    "`POST /sessions/{session_id}/segments`, or over the session's stream (`/sessions/{session_id}/stream`, a "
+    "WebSocket), and end with `POST /sessions/{session_id}/finish`.",
 )
+@with_fast_path(create_fast)
 async def create_session(
     body: SessionCreate, request: Request, registry: RegistryDep, flow: FlowDep, owner: OwnerDep, quota: QuotaDep
 ) -> SessionInfo:
@@ -54,20 +76,25 @@ async def create_session(
     return info(await flow.create(model, owner, quota))
 
 
-@router.get("/{session_id}", response_model=SessionInfo, responses=responses(401, 404, 503),
+# Status and delete read no body and solve no dependency: the API key is checked by the one function the fast paths
+# use (its schemes still shown in /docs: SECURED).
+@router.get("/{session_id}", response_model=SessionInfo, responses=responses(401, 404, 503), openapi_extra=SECURED,
             summary="Session status", description="Where the session stands; does not move its expiry.")
-async def session_status(session_id: SessionId, request: Request, flow: FlowDep, owner: OwnerDep) -> SessionInfo:
-    meta = await flow.status(session_id, owner)
+async def session_status(session_id: SessionId, request: Request) -> Response:
+    state = request.app.state
+    meta = await state.flow.status(session_id, owner_of_request(request, state.settings))
     request.state.model = meta.model
-    return info(meta)
+    return Response(orjson.dumps(session_fields(meta)), media_type="application/json")
 
 
-@router.delete("/{session_id}", status_code=204, responses=responses(401, 404, 503), summary="Delete a session",
-               description="Drops the session's state at once (otherwise it expires when idle).")
-async def delete_session(session_id: SessionId, request: Request, flow: FlowDep, owner: OwnerDep) -> Response:
-    meta = await flow.status(session_id, owner)
+@router.delete("/{session_id}", status_code=204, responses=responses(401, 404, 503), openapi_extra=SECURED,
+               summary="Delete a session", description="Drops the session's state at once (otherwise it expires "
+               "when idle).")
+async def delete_session(session_id: SessionId, request: Request) -> Response:
+    state = request.app.state
+    meta = await state.flow.status(session_id, owner_of_request(request, state.settings))
     request.state.model = meta.model
-    await flow.delete(meta)
+    await state.flow.delete(meta)
     return Response(status_code=204)
 
 
@@ -87,7 +114,7 @@ async def apply_piece(request: Request, flow: SessionFlow, session_id: str, owne
 async def add_segment_fast(request: Request) -> Response | None:
     """The route's fast path (:mod:`service.fast_path`): a plain piece answered without the dependency solver and
     pydantic, its answer serialized once; None (the endpoint validates it) for any other body."""
-    piece = plain_piece(await request.json())
+    piece = plain_piece(await request.json(), await request.body())
     if piece is None:
         return None
     seq, text, rows = piece

@@ -84,7 +84,8 @@ class Stream:
             if frame is None:
                 frame = message.get("bytes") or b""
             status = await self._answer(frame)
-            record_request(self.metrics, ROUTE, self.websocket.scope, status, time.perf_counter() - started, False)
+            record_request(self.metrics, ROUTE, self.websocket.scope, status, time.perf_counter() - started,
+                           self.settings.access_log)
             if status == 503:  # Redis or the engine is gone: the client should come back later, to any replica
                 await self.websocket.close(TRY_AGAIN_LATER)
                 return
@@ -109,15 +110,17 @@ class Stream:
         except orjson.JSONDecodeError as error:
             return await self._refuse(422, f"the frame is not valid JSON: {error}")
         try:
-            async with self.shutdown.piece():
-                if type(body) is dict and "finish" in body:
-                    return await self._finish(body)
-                return await self._piece(body)
+            self.shutdown.stream_pieces += 1  # a request in flight, for the batcher's lone-request rule
+            if type(body) is dict and "finish" in body:
+                return await self._finish(body)
+            return await self._piece(body, frame)
         except Exception as error:
             return await self._error(error)
+        finally:
+            self.shutdown.stream_pieces -= 1
 
-    async def _piece(self, body: Any) -> int:
-        piece = plain_piece(body)
+    async def _piece(self, body: Any, frame: str | bytes) -> int:
+        piece = plain_piece(body, frame)
         if piece is None:  # validation names what is wrong (the route's 422), or reads what it takes (seq 2.0)
             try:
                 checked = PIECES.validate_python(body)
@@ -209,7 +212,7 @@ async def session_stream(websocket: WebSocket, session_id: str) -> None:
             with shutdown.streaming(stream.close_soon):
                 await stream.run(meta)
         finally:
-            await flow.close_stream(session_id, lease)
+            flow.close_stream(session_id, lease)
     finally:
         request_id_var.reset(token)
 

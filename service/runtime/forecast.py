@@ -55,12 +55,14 @@ class ForecastPipeline:
     def new_state(self) -> Arrays:
         return dict(self.initial_state)
 
-    def rows_to_array(self, rows: Sequence[Sequence[float]]) -> np.ndarray:
-        if not rows:
+    def rows_to_array(self, rows: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+        """The rows as the graph reads them, ``(1, T, C)`` float32; :class:`InputError` naming the first row or value
+        the model cannot take. ``rows``: lists of numbers, or a float64 array of them (a fast path's)."""
+        if len(rows) == 0:
             raise InputError("`rows` is empty: send at least one row")
         width = len(self.variables)
         try:
-            values = np.array(rows, dtype=np.float64)  # (T, C)
+            values = np.asarray(rows, dtype=np.float64)  # (T, C)
         except ValueError:  # ragged rows
             values = None
         if values is None or values.ndim != 2 or values.shape[1] != width:

@@ -15,12 +15,14 @@ per piece.
 from __future__ import annotations
 
 import asyncio
+import enum
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from service.sessions.errors import SessionNotFound
 from service.state_store import StateStore
 
 RENEW = """
@@ -41,6 +43,45 @@ def renewed(reply: Any, count: int) -> list[bool | None]:
     if isinstance(reply, Exception):
         return [None] * count
     return [bool(ours) for ours in reply]
+
+
+TAKE = """
+-- KEYS: the lock; ARGV: a piece's token, the lease in milliseconds. Takes the lock if free: 1; held by a session
+-- stream: 2; held by another piece's request: 0.
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+local holder = redis.call('GET', KEYS[1])
+if holder and string.sub(holder, 1, 7) == 'stream:' then return 2 end
+return 0
+"""
+
+
+TAKE_FOR_STREAM = """
+-- KEYS: the lock, the session's meta; ARGV: the stream's token, the lease in milliseconds. Takes the lease if the
+-- session is open. Returns {} when the session is gone, else {seq, epoch, status}.
+local meta = redis.call('HMGET', KEYS[2], 'seq', 'epoch', 'status')
+if not meta[1] then return {} end
+if meta[3] ~= 'finished' then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+return {meta[1], meta[2] or '', meta[3] or 'open'}
+"""
+
+
+def stream_taken(session_id: str, reply: Any) -> tuple[int, str] | None:
+    """TAKE_FOR_STREAM's reply: ``(seq, epoch)`` of the open session whose lease was taken; None for a finished
+    session (none taken); :class:`SessionNotFound` when the session is gone."""
+    if isinstance(reply, Exception):
+        raise reply
+    if not reply:
+        raise SessionNotFound(f"session {session_id} does not exist or has expired")
+    seq, epoch, status = reply
+    return None if status == b"finished" else (int(seq), epoch.decode())
+
+
+class Holder(enum.Enum):
+    """Who holds a session's lock after a piece asked for it."""
+
+    THIS_PIECE = 1  # taken for the piece: pass its token to the commit, which releases it
+    STREAM = 2  # a session stream: the piece goes ahead without it (the commits order the two)
+    ANOTHER_PIECE = 0  # another request is applying a piece of the session now
 
 
 RELEASE = """
@@ -93,10 +134,24 @@ class Leases:
         """Stop renewing a lease :meth:`hold` kept."""
         self._held.pop((session_id, token), None)
 
-    async def take_for_stream(self, session_id: str, token: str) -> None:
-        """Take the session's lease for a stream (over any lease another stream left)."""
+    async def take_for_piece(self, session_id: str, seq: int) -> tuple[Holder, str]:
+        """Ask for the session's lock for piece ``seq``: who holds it now, and the token it was asked with."""
+        token = f"{seq}:{secrets.token_hex(8)}"
         async with self.store.operation():
-            await self.store.client.set(self._lock(session_id), token, px=self.lease_ms)
+            [reply] = await self._pipelined(TAKE, [([self._lock(session_id)], [token, self.lease_ms])])
+        if isinstance(reply, Exception):
+            raise reply
+        return Holder(int(reply)), token
+
+    async def take_for_stream(self, session_id: str, token: str) -> tuple[int, str] | None:
+        """Take the session's lease for a stream (over any lease another stream left), if the session is open:
+        where the session stands, ``(seq, epoch)``, in the same round trip; None when it is finished (no lease is
+        taken); :class:`SessionNotFound` when it is gone."""
+        meta = self.store.key(session_id, "meta")
+        async with self.store.operation():
+            [reply] = await self._pipelined(TAKE_FOR_STREAM, [([self._lock(session_id), meta],
+                                                               [token, self.lease_ms])])
+        return stream_taken(session_id, reply)
 
     async def release(self, session_id: str, token: str) -> None:
         """Give the lease back if it is still ours (another's is left alone)."""

@@ -46,7 +46,7 @@ class SessionMeta:
     state_bytes: int  # bounded state + appended chunks
     piece_sha: str
     status: SessionStatus
-    ttl_seconds: float  # remaining (from PTTL: to the millisecond, so expires_at is the same on every read)
+    expires: float  # when the session expires if left idle, epoch seconds (from PTTL, to the millisecond)
     epoch: str = ""  # the incarnation (sessions written by earlier releases have none)
     chunk_bytes: int = 0  # of state_bytes, the appended chunks
 
@@ -61,13 +61,13 @@ class SessionMeta:
             seq=int(f["seq"]), created=float(f["created"]), deadline=float(f["deadline"]),
             consumed=int(f["consumed"]), segments=int(f["segments"]),
             state_bytes=int(f["state_bytes"]) + chunk_bytes, piece_sha=f.get("piece_sha", ""),
-            status=SessionStatus(f.get("status", "open")), ttl_seconds=max(int(ttl_ms), 0) / 1000,
+            status=SessionStatus(f.get("status", "open")), expires=time.time() + max(int(ttl_ms), 0) / 1000,
             epoch=f.get("epoch", ""), chunk_bytes=chunk_bytes,
         )
 
     @property
     def expires_at(self) -> float:
-        return round(time.time() + self.ttl_seconds, 3)
+        return round(self.expires, 3)
 
     def after_piece(self, seq: int, piece_sha: str, units_read: int, segments: int, state_bytes: int,
                     chunk_bytes: int, ttl_seconds: float) -> SessionMeta:
@@ -75,5 +75,5 @@ class SessionMeta:
         chunks = self.chunk_bytes + chunk_bytes
         return dataclasses.replace(
             self, seq=seq, piece_sha=piece_sha, consumed=self.consumed + units_read, segments=self.segments + segments,
-            state_bytes=state_bytes + chunks, chunk_bytes=chunks, ttl_seconds=ttl_seconds,
+            state_bytes=state_bytes + chunks, chunk_bytes=chunks, expires=time.time() + ttl_seconds,
         )
