@@ -32,6 +32,7 @@ from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from service import result_json
 from service.runtime.pipeline import InputError
 from service.schemas import FLOAT32_MAX, SegmentResponse, SessionInfo
 from service.sessions import SessionMeta
@@ -204,7 +205,7 @@ def piece_answer(meta: SessionMeta, result: dict[str, Any], replayed: bool) -> b
     (through pydantic only for a result of no plain shape)."""
     if frozenset(result) not in RESULT_FIELDS:
         return SegmentResponse(session=info(meta), replayed=replayed, result=result).model_dump_json().encode()
-    return orjson.dumps({"session": session_fields(meta), "replayed": replayed, "result": result})
+    return result_json.dumps({"session": session_fields(meta), "replayed": replayed, "result": result})
 
 
 def answer_json(response_model: type[BaseModel], values: dict[str, Any]) -> Response:
@@ -213,4 +214,4 @@ def answer_json(response_model: type[BaseModel], values: dict[str, Any]) -> Resp
     fields = response_model.model_fields
     if values.keys() != fields.keys():
         return Response(response_model(**values).model_dump_json(), media_type="application/json")
-    return Response(orjson.dumps({name: values[name] for name in fields}), media_type="application/json")
+    return Response(result_json.dumps({name: values[name] for name in fields}), media_type="application/json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -210,8 +211,13 @@ class ForecastRequest(BaseModel):
                               examples=["rsa-etth1-h24"])
 
 
+def _rows_of(value: Any) -> Any:
+    """A forecast's rows as lists (a pipeline hands them over as a float64 array)."""
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
 class ForecastResult(BaseModel):
-    forecast: list[list[float]] | None = Field(
+    forecast: Annotated[list[list[float]] | None, BeforeValidator(_rows_of)] = Field(
         description="The next `horizon` rows x variables (null until `rows_needed` is 0).", examples=[EXAMPLE_ROWS]
     )
     horizon: int = Field(description="Rows forecast.", examples=[24])

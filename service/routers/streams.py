@@ -36,6 +36,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from service import result_json
 from service.auth import owner_of_request
 from service.errors import check_rows, check_text, error_answer, note_error, validation_body
 from service.fast_path import piece_answer, plain_piece, session_fields
@@ -179,7 +180,7 @@ class Stream:
         return status
 
     async def _send(self, frame: dict[str, Any]) -> None:
-        await self.websocket.send({"type": "websocket.send", "text": orjson.dumps(frame).decode()})
+        await self.websocket.send({"type": "websocket.send", "text": result_json.dumps(frame).decode()})
 
 
 @router.websocket(ROUTE, name="session_stream")

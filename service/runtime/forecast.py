@@ -116,7 +116,8 @@ class ForecastPipeline:
                 "finite): send values nearer the series' usual range", loc=("body", "rows"), kind="value_range",
             )
         return {
-            "forecast": out["forecast"][0].astype(float).tolist() if ready else None,
+            # a float64 array (as JSON: the digits of the Python floats), not a Python float per value
+            "forecast": out["forecast"][0].astype(np.float64) if ready else None,
             "horizon": self.horizon,
             "variables": self.targets,
             "rows_seen": rows_seen,

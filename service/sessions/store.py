@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 from redis.exceptions import NoScriptError
 
+from service import result_json
 from service.metrics import ServiceMetrics
 from service.sessions import scripts
 from service.sessions.commits import CommitQueue
@@ -261,7 +262,7 @@ class SessionStore:
         ttl = self.ttl(meta.deadline)
         score = time.time() + ttl if touch_indexes else ""
         args: list[Any] = [
-            meta.seq, piece.seq, state_blob, orjson.dumps(piece.result), ttl, piece.sha, piece.units_read,
+            meta.seq, piece.seq, state_blob, result_json.dumps(piece.result), ttl, piece.sha, piece.units_read,
             piece.segments, len(state_blob), token or "", meta.epoch, score if self.one_node else "", meta.id,
         ]
         if chunk_blob is not None:
@@ -287,7 +288,7 @@ class SessionStore:
         keys = self._keys(meta.id)
         indexes = [self._live_key(meta.model, meta.id), self._owner_key(meta.quota)]
         script_keys = [keys["meta"], keys["result"], keys["state"], keys["chunks"]]
-        args = [meta.seq, orjson.dumps(result), self.ttl(meta.deadline), meta.id]
+        args = [meta.seq, result_json.dumps(result), self.ttl(meta.deadline), meta.id]
         async with self.store.operation(self.metrics.time_redis("finish")):
             reply = await self._evalsha(scripts.FINISH, script_keys + indexes if self.one_node else script_keys,
                                         args)
