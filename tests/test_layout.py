@@ -63,6 +63,39 @@ RULES = [
 ]
 
 
+# Inside service/, bottom to top: the foundation (settings, metrics, logging, the Redis connection, codecs), then the
+# runtime (models, pipelines, batchers, backends) and the session store (scripts, leases, commits, kept states) side by
+# side, then the session flow over both, then HTTP (middleware, errors, the fast path, routers, the app).
+FOUNDATION = ("settings", "devices", "metrics", "gpu_metrics", "logs", "loop_lag", "tensor_codec", "result_json",
+              "state_store", "embedded_redis", "schemas")
+SERVICE = sorted({p.stem for p in (ROOT / "service").glob("*.py")} | {"runtime", "sessions", "routers"})
+
+
+def service_modules_but(*allowed: str) -> tuple[str, ...]:
+    """Every ``service.<x>`` a module may not import: all but the foundation and ``allowed``."""
+    return tuple(f"service.{name}" for name in SERVICE if name not in (*FOUNDATION, *allowed, "__init__"))
+
+
+SERVICE_RULES = [
+    ("the foundation imports only the foundation", [ROOT / "service" / f"{name}.py" for name in FOUNDATION],
+     service_modules_but()),
+    ("the runtime imports no session store and no HTTP", modules_under("service/runtime"),
+     service_modules_but("runtime")),
+    ("the session store imports no runtime and no HTTP", modules_under("service/sessions"),
+     service_modules_but("sessions")),
+    ("the flow imports no HTTP", [ROOT / "service" / "session_flow.py"],
+     service_modules_but("runtime", "sessions")),
+    ("only the app includes routers", [p for p in modules_under("service") if p.parent.name != "routers"
+                                       and p.name != "app.py"], ("service.routers",)),
+    ("the API keys are below the sessions", [ROOT / "service" / "auth.py"], ("service.sessions",)),
+]
+
+
+@pytest.mark.parametrize(("room", "files", "forbidden"), SERVICE_RULES, ids=[rule[0] for rule in SERVICE_RULES])
+def test_inside_the_service_imports_point_one_way(room: str, files: list[Path], forbidden: tuple[str, ...]) -> None:
+    test_imports_point_one_way(room, files, forbidden)
+
+
 @pytest.mark.parametrize(("room", "files", "forbidden"), RULES, ids=[rule[0] for rule in RULES])
 def test_imports_point_one_way(room: str, files: list[Path], forbidden: tuple[str, ...]) -> None:
     assert files, f"no modules found for {room}"
