@@ -187,14 +187,15 @@ class Floor:
         ref = fields[b"model"].decode()
         state, result, units = self.models[ref].step(stored, piece)
         indexes = [f"{PREFIX}:live:{ref}", f"{PREFIX}:owner:{OWNER}:sessions"]
+        consumed, segments = int(fields[b"consumed"]) + units, int(fields[b"segments"]) + 1
         committed = await self.redis.execute_command(
             "EVALSHA", self.commit_sha, 7, *keys, *indexes, seq - 1, seq, state, orjson.dumps(result), TTL_SECONDS,
-            hashlib.sha256(body).hexdigest(), units, 1, len(state), token, "", time.time() + TTL_SECONDS, session_id)
+            hashlib.sha256(body).hexdigest(), consumed, segments, len(state), token, "", time.time() + TTL_SECONDS,
+            session_id, "")
         if int(committed[0]) != 1:
             self.kept.pop(session_id, None)
             return answer({"detail": "lost the race"}, 409)
-        fields[b"segments"] = str(int(fields[b"segments"]) + 1).encode()
-        fields[b"consumed"] = str(int(fields[b"consumed"]) + units).encode()
+        fields[b"segments"], fields[b"consumed"] = str(segments).encode(), str(consumed).encode()
         self.kept[session_id] = (seq, state, fields)
         session = {"id": session_id, "seq": seq, "segments": int(fields[b"segments"]),
                    "consumed": int(fields[b"consumed"])}

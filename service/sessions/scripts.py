@@ -111,10 +111,12 @@ def begun(session_id: str, reply: list[Any]) -> tuple[SessionMeta, bytes | None,
 # ---- committing a piece -----------------------------------------------------------------------------------------
 COMMIT = """
 -- KEYS: meta, state, result, chunks, lock, and on one server (when ARGV[12] is set) the live and quota indexes
--- ARGV: expected seq, new seq, state, result, ttl, piece sha, tokens or rows read, segments, state bytes, lock token
---       (empty: none held), epoch, the indexes' new score (empty: leave them), session id, chunk (optional: appended)
+-- ARGV: expected seq, new seq, state, result, ttl, piece sha, tokens or rows read in all, segments in all, state
+--       bytes, lock token (empty: none held), epoch, the indexes' new score (empty: leave them), session id, whether
+--       the session has chunks ('1' or empty), chunk (optional: appended)
 -- Returns {1} applied, {0} lost the race (the seq or the incarnation moved on), {-1} gone, {-2} finished. The lock
--- is released (if still ours) whatever the outcome.
+-- is released (if still ours) whatever the outcome. The totals are written as they are: the compare-and-set on seq
+-- and epoch guarantees the caller's were read (or derived) at this very seq.
 local function unlock()
   if ARGV[10] ~= '' and redis.call('GET', KEYS[5]) == ARGV[10] then redis.call('DEL', KEYS[5]) end
 end
@@ -122,18 +124,15 @@ local current = redis.call('HMGET', KEYS[1], 'seq', 'status', 'epoch')
 if not current[1] then unlock() return {-1} end
 if tonumber(current[1]) ~= tonumber(ARGV[1]) or (current[3] or '') ~= ARGV[11] then unlock() return {0} end
 if current[2] == 'finished' then unlock() return {-2} end
-redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'piece_sha', ARGV[6], 'state_bytes', ARGV[9])
-redis.call('HINCRBY', KEYS[1], 'consumed', ARGV[7])
-redis.call('HINCRBY', KEYS[1], 'segments', ARGV[8])
+redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'piece_sha', ARGV[6], 'state_bytes', ARGV[9], 'consumed', ARGV[7],
+           'segments', ARGV[8])
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[5])
 redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[5])
-if ARGV[14] then
-  redis.call('RPUSH', KEYS[4], ARGV[14])
-  redis.call('HINCRBY', KEYS[1], 'chunk_bytes', string.len(ARGV[14]))
-  redis.call('EXPIRE', KEYS[4], ARGV[5])
-elseif redis.call('EXISTS', KEYS[4]) == 1 then
-  redis.call('EXPIRE', KEYS[4], ARGV[5])
+if ARGV[15] then
+  redis.call('RPUSH', KEYS[4], ARGV[15])
+  redis.call('HINCRBY', KEYS[1], 'chunk_bytes', string.len(ARGV[15]))
 end
+if ARGV[15] or ARGV[14] ~= '' then redis.call('EXPIRE', KEYS[4], ARGV[5]) end
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 unlock()
 if ARGV[12] ~= '' then

@@ -262,8 +262,9 @@ class SessionStore:
         ttl = self.ttl(meta.deadline)
         score = time.time() + ttl if touch_indexes else ""
         args: list[Any] = [
-            meta.seq, piece.seq, state_blob, result_json.dumps(piece.result), ttl, piece.sha, piece.units_read,
-            piece.segments, len(state_blob), token or "", meta.epoch, score if self.one_node else "", meta.id,
+            meta.seq, piece.seq, state_blob, result_json.dumps(piece.result), ttl, piece.sha,
+            meta.consumed + piece.units_read, meta.segments + piece.segments, len(state_blob), token or "",
+            meta.epoch, score if self.one_node else "", meta.id, "1" if meta.chunk_bytes else "",
         ]
         if chunk_blob is not None:
             args.append(chunk_blob)
