@@ -126,7 +126,7 @@ async def add_segment_fast(request: Request) -> Response | None:
 
 @router.post(
     "/{session_id}/segments", response_model=SegmentResponse, responses=responses(*BODY, 401, 404, 409, 429, 503),
-    summary="Send the next piece (exactly once per `seq`)",
+    summary="Send the next piece (exactly once per seq)",
     description="`seq` is 1 for the first piece and grows by one. A retry of the last applied `seq` with the same "
     "content is answered from the stored result (`replayed`: true), also after the session was finished; a gap, "
     "a stale number or other content under an applied number is refused (409, `expected_seq`). Text sessions "

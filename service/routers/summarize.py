@@ -19,7 +19,7 @@ router = APIRouter(tags=["summarize"], route_class=JSONBodyRoute)
     "/summarize", response_model=SummarizeResponse,
     responses=sse_answer("SummarizeResponse", "The summary: JSON, or Server-Sent Events with `stream` (or "
                          "`Accept: text/event-stream`).") | responses(*BODY, 401, 404),
-    summary="Summarize a document (add `\"stream\": true` for Server-Sent Events)",
+    summary="Summarize a document (with stream: true, as Server-Sent Events)",
     description="The encoder reads the document window by window (recurrent memory between windows). With "
     "`decoding` sentence (the default of models with a salience head) the summary is the document's own "
     "sentences the model scores highest, up to its summary length, in the document's order; with `free` the "
