@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import version
@@ -28,7 +27,7 @@ from service.metrics import ServiceMetrics
 from service.middleware import BodyLimitMiddleware, CompressLargeAnswers, RequestScope
 from service.routers import classify, docs, forecast, health, models, sessions, streams, summarize
 from service.runtime.engine_client import EngineClient
-from service.runtime.registry import LoadedModel, ModelRegistry
+from service.runtime.registry import ModelRegistry
 from service.schemas import ErrorEvent, TokenEvent
 from service.session_flow import SessionFlow
 from service.sessions import SessionStore
@@ -169,22 +168,12 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 low, high = max(bound[0] for bound in ranges), min(bound[1] for bound in ranges)
                 rows["items"]["items"] |= {"minimum": low, "maximum": high}
                 rows["description"] += f" Every value between {low:.3g} and {high:.3g} is taken."
-    forecasters = [m for m in models if m.task == "forecast"]
-    if forecasters and "ForecastRequest" in components:  # "Try it out" sends a look-back's rows: a real forecast
-        components["ForecastRequest"]["properties"]["rows"]["examples"] = [example_rows(forecasters[0])]
+    examples = [m.pipeline.example for m in models if m.pipeline.input_kind == "rows" and m.pipeline.example]
+    if examples and "ForecastRequest" in components:  # "Try it out" sends a look-back's rows: a real forecast
+        components["ForecastRequest"]["properties"]["rows"]["examples"] = [examples[0]]
     if registry is not None and registry.loaded_count() == registry.expected_count():
         app.openapi_schema = schema  # complete: kept (before the models are loaded, built again next time)
     return schema
-
-
-def example_rows(model: LoadedModel) -> list[list[float]]:
-    """A look-back's rows for ``model`` (a forecaster): each variable its training mean plus a daily swing of one
-    standard deviation, so that the example forecasts."""
-    settings = model.manifest["settings"]
-    mean, std = settings["scaler"]["mean"], settings["scaler"]["std"]
-    return [[round(m + s * math.sin(2 * math.pi * t / 24 + j), 3) for j, (m, s) in enumerate(zip(mean, std,
-                                                                                                   strict=True))]
-            for t in range(int(settings["lookback"]))]
 
 
 def _request_bodies(paths: dict[str, Any]) -> set[str]:

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 
 
+def _other(value: Any) -> Any:
+    """What orjson does not write itself: an array that is not C-contiguous, as its lists."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 def dumps(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps(value, default=_other, option=orjson.OPT_SERIALIZE_NUMPY)

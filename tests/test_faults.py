@@ -69,8 +69,10 @@ def test_a_rolling_restart_under_load_costs_clients_nothing(every_task_repositor
 def replica(tiny_repository, tmp_path_factory):
     store = RedisProcess(tmp_path_factory.mktemp("faults-redis"))
     store.start()
+    # keeping no session states, the replica reads every session before its piece, and so meets the locks
     server = Replica(tiny_repository, store.url, "faults", env={"RTSERVE_REQUEST_READ_TIMEOUT_SECONDS": "1",
-                                                              "RTSERVE_KEEP_ALIVE_TIMEOUT_SECONDS": "1"})
+                                                              "RTSERVE_KEEP_ALIVE_TIMEOUT_SECONDS": "1",
+                                                              "RTSERVE_STATE_CACHE_BYTES": "0"})
     server.start()
     yield server, store
     server.stop()

@@ -13,6 +13,7 @@ model run at a lower precision) is refused too, never answered with nulls.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,15 @@ class ForecastPipeline:
     @property
     def row_width(self) -> int:
         return len(self.variables)
+
+    @property
+    def example(self) -> list[list[float]]:
+        """A look-back's rows (for /docs' "Try it out"): each variable its training mean plus a daily swing of one
+        standard deviation, so that the example forecasts."""
+        scaler = self.manifest["settings"]["scaler"]
+        return [[round(m + s * math.sin(2 * math.pi * t / 24 + j), 3)
+                 for j, (m, s) in enumerate(zip(scaler["mean"], scaler["std"], strict=True))]
+                for t in range(self.lookback)]
 
     def new_state(self) -> Arrays:
         return dict(self.initial_state)
@@ -117,7 +127,7 @@ class ForecastPipeline:
             )
         return {
             # a float64 array (as JSON: the digits of the Python floats), not a Python float per value
-            "forecast": out["forecast"][0].astype(np.float64) if ready else None,
+            "forecast": np.ascontiguousarray(out["forecast"][0], dtype=np.float64) if ready else None,
             "horizon": self.horizon,
             "variables": self.targets,
             "rows_seen": rows_seen,

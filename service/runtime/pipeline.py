@@ -70,6 +70,7 @@ class Pipeline(Steps, Protocol):
     input_kind: str  # "text" | "rows": the piece a request or a session sends
     max_tokens: int | None  # most tokens of a document the model reads (text); None where it reads any length
     row_width: int | None  # values per row (rows); None for text
+    example: Any  # an input that answers in full, for /docs (rows: a look-back's rows); None where the schema's serves
     value_range: dict[str, list[float]] | None  # per variable, the lowest and highest value taken (rows); None for text
     # the result field holding text generated at finish (summaries), which `stream` sends as it is generated;
     # None: the answer comes whole
@@ -112,7 +113,7 @@ class TextPipeline:
     limit of the family's stream (``self.stream``, set by the subclass: its ``limit`` and ``reading``)."""
 
     input_kind = "text"
-    row_width = value_range = None
+    row_width = value_range = example = None
     generated_text: str | None = None
     generated_tokens: str | None = None
     stream: Any
