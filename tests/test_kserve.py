@@ -287,6 +287,31 @@ def test_a_start_restarts_the_sequence_and_keys_never_share_one(server, http, gr
     assert as_answer(final, "forecast") == without_model(native(server, "forecast", late))
 
 
+def test_concurrent_pieces_of_one_sequence_without_numbers_are_each_applied_once(server):
+    """No piece numbers: pieces sent at once all apply, one after another in commit order (compare-and-set)."""
+    rng = np.random.default_rng()
+    model, sequence_id = MODELS["forecast"], int(rng.integers(1, 2**63))
+    start = rows(rng, 4)
+    client = httpclient.InferenceServerClient(server["http"], concurrency=8)
+    try:
+        client.infer(model, inputs_for(httpclient, "forecast", start), headers=keyed(), sequence_id=sequence_id,
+                     sequence_start=True)
+        pieces = [rows(rng, 1 + index % 3) for index in range(12)]
+        sent = [client.async_infer(model, inputs_for(httpclient, "forecast", piece), headers=keyed(),
+                                   sequence_id=sequence_id) for piece in pieces]  # all in flight at once
+        seen = [request.get_result() for request in sent]
+        counts = sorted(int(result.as_numpy("ROWS_SEEN")[0]) for result in seen)
+        assert len(set(counts)) == len(counts)  # each piece had a place of its own in the order
+        total = len(start) + sum(len(piece) for piece in pieces)
+        final = client.infer(model, inputs_for(httpclient, "forecast", rows(rng, 1)), headers=keyed(),
+                             sequence_id=sequence_id, sequence_end=True)
+        assert int(final.as_numpy("ROWS_SEEN")[0]) == total + 1
+        session = session_id_of(owner_of(KEY), model, sequence_id)
+        assert httpx.get(f"{server['base']}/sessions/{session}", headers=keyed()).json()["seq"] == 14
+    finally:
+        client.close()
+
+
 # ---- bad input ---------------------------------------------------------------------------------------------------
 def _post(server, path, body, headers=None):
     return httpx.post(f"{server['base']}{path}", content=body, headers={**keyed(), **(headers or {})}, timeout=30)
