@@ -495,3 +495,19 @@ def test_a_draining_replica_ends_its_grpc_streams_with_unavailable_after_the_pie
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_example_triton_client_runs_against_rtserve(server, protocol):
+    """examples/triton_client.py, the script that runs unchanged against Triton (docs/coming-from-triton.md)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "triton_client.py"
+    done = subprocess.run([sys.executable, str(script), "--url", server[protocol], "--protocol", protocol,
+                           "--api-key", KEY, "--sequences", "2", "--pieces", "3", "--rows", "16"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "model rsa-tiny, input ROWS FP32 [-1, 7], no batch axis" in done.stdout
+    assert done.stdout.count("FORECAST FP64 [8, 7]") == 2, done.stdout
