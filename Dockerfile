@@ -13,6 +13,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     HF_HUB_OFFLINE=1 \
     RTSERVE_HOST=0.0.0.0 \
     RTSERVE_PORT=8000 \
+    RTSERVE_GRPC_PORT=8001 \
     RTSERVE_MODEL_REPOSITORY=/srv/rtserve/model_repository
 
 RUN apt-get update \
@@ -38,7 +39,8 @@ RUN make ORT=${ORT} PYTHON=python3.11 install \
 RUN useradd --create-home --uid 10001 rtserve && chown -R rtserve /srv/rtserve
 USER rtserve
 
-EXPOSE 8000
+# 8000: HTTP (rtserve's API and KServe v2 REST); 8001: KServe v2 gRPC (Triton's clients, perf_analyzer)
+EXPOSE 8000 8001
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD curl -fsS "http://127.0.0.1:${RTSERVE_PORT}/readyz" || exit 1
 STOPSIGNAL SIGTERM

@@ -22,10 +22,11 @@ from fastapi.openapi.utils import get_openapi
 
 from service.embedded_redis import EmbeddedRedis
 from service.errors import install_error_handlers
+from service.kserve.inference import Inference
 from service.loop_lag import LoopLag
 from service.metrics import ServiceMetrics
 from service.middleware import BodyLimitMiddleware, CompressLargeAnswers, RequestScope
-from service.routers import classify, docs, forecast, health, models, sessions, streams, summarize
+from service.routers import classify, docs, forecast, health, models, sessions, streams, summarize, v2
 from service.runtime.engine_client import EngineClient
 from service.runtime.registry import ModelRegistry
 from service.schemas import ErrorEvent, TokenEvent
@@ -63,13 +64,23 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.registry = registry
     sessions = SessionStore(store, settings, metrics)
     app.state.flow = SessionFlow(sessions, registry, metrics, StateCache(settings.state_cache_bytes))
+    app.state.inference = inference = Inference(registry, app.state.flow, settings, lambda: shutdown.draining)
+    grpc_server = None
     try:
         await registry.load_all()
+        if settings.grpc_port is not None:  # imported only then: the generated protobuf modules take ~0.2 s
+            from service.kserve.grpc_service import GrpcServer, InferenceServicer
+
+            grpc_server = GrpcServer(InferenceServicer(inference, settings, metrics, shutdown, store), settings)
+            app.state.grpc_port = await grpc_server.start()
+            shutdown.when_stopping(grpc_server.stop_accepting)
         # What startup built (models, routes, schemas: most of the heap) lives as long as the process: out of the
         # cyclic collector's reach, so that its full collections do not scan it (tens of ms each, under load)
         gc.freeze()
         yield
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop()
         await sessions.close()
         await registry.close()
         metrics.energy.close()
@@ -111,7 +122,7 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
     app.state.shutdown = shutdown = Shutdown(settings.shutdown_drain_seconds, settings.shutdown_timeout_seconds)
     install_error_handlers(app)
     for router in (health.router, models.router, classify.router, summarize.router, forecast.router,
-                   sessions.router, streams.router, docs.router):
+                   sessions.router, streams.router, v2.router, docs.router):
         app.include_router(router)
     app.mount(docs.ASSETS_URL, docs.assets(), name="docs-assets")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -137,7 +148,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
                          tags=app.openapi_tags)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for event in (TokenEvent, ErrorEvent):
+    for event in (TokenEvent, ErrorEvent, *v2.EXTRA_SCHEMAS):
         event_schema = event.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(event_schema.pop("$defs", {}))
         components[event.__name__] = event_schema

@@ -82,10 +82,12 @@ def quota_of(request: HTTPConnection, settings: Settings, owner: str) -> str:
     The address is the TCP peer, or the `X-Forwarded-For` client when uvicorn trusts the proxy
     (`FORWARDED_ALLOW_IPS`); behind a proxy that is not trusted every client shares the proxy's quota.
     """
-    if settings.api_keys:
-        return owner
-    host = request.client.host if request.client else "unknown"
-    return f"{owner}@{host}"
+    return quota_of(settings, owner, request.client.host if request.client else None)
+
+
+def quota_of(settings: Settings, owner: str, host: str | None) -> str:
+    """:func:`get_quota` for a caller at ``host`` (its address), from any transport (HTTP, gRPC)."""
+    return owner if settings.api_keys else f"{owner}@{host or 'unknown'}"
 
 
 QuotaDep = Annotated[str, Depends(get_quota)]

@@ -16,11 +16,13 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
 from service.fast_path import UnsupportedBody
-from service.middleware import route_template
+from service.kserve.tensors import UnreadableBody
+from service.middleware import error_body, route_template
 from service.runtime.engine_wire import EngineUnavailable
 from service.runtime.pipeline import InputError
 from service.runtime.registry import UnknownModel
@@ -32,7 +34,8 @@ from service.state_store import ServiceOverloaded, StateStoreUnavailable
 log = logging.getLogger("rtserve")
 
 _WHY: dict[int, str] = {
-    400: "The body is not JSON text the service can read (e.g. not UTF-8).",
+    400: "The body is not JSON text the service can read (e.g. not UTF-8); on /v2, also binary tensor data that "
+         "disagree with their JSON header.",
     401: "Missing or unknown API key (only when `RTSERVE_API_KEYS` is set).",
     404: "Unknown model, or unknown / expired / foreign session.",
     408: "The request body did not arrive within `RTSERVE_REQUEST_READ_TIMEOUT_SECONDS`.",
@@ -54,11 +57,12 @@ BODY = (400, 408, 413, 415, 422)  # what any route with a request body can answe
 VISIBLE = re.compile(VISIBLE_CHARACTER)
 
 
-def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI ``responses`` of the error statuses a route can answer, each with the one error body."""
+def responses(*statuses: int, body: type[BaseModel] = ErrorBody) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of the error statuses a route can answer, each with the one error ``body`` (the
+    KServe v2 routes': their protocol's)."""
     documented: dict[int | str, dict[str, Any]] = {}
     for status in sorted(set(statuses)):
-        entry: dict[str, Any] = {"model": ErrorBody, "description": _WHY[status]}
+        entry: dict[str, Any] = {"model": body, "description": _WHY[status]}
         if status == 503:
             entry["headers"] = {"Retry-After": {"description": "Seconds to wait before retrying.",
                                                 "schema": {"type": "integer"}}}
@@ -106,9 +110,7 @@ class AsciiJSONResponse(JSONResponse):
 
 def _error(request: Request, status: int, detail: str, headers: dict[str, str] | None = None,
            **extra: Any) -> JSONResponse:
-    body = {"detail": detail, **{key: value for key, value in extra.items() if value is not None},
-            "request_id": getattr(request.state, "request_id", None)}
-    return AsciiJSONResponse(body, status_code=status, headers=headers)
+    return AsciiJSONResponse(error_body(request.scope, detail, **extra), status_code=status, headers=headers)
 
 
 def _field_errors(errors: Sequence[Any], prefix: tuple[str, ...] = ()) -> list[dict[str, Any]]:
@@ -136,8 +138,12 @@ def _summary(errors: list[dict[str, Any]]) -> str:
 # session streams' error frames
 STATUS: dict[type[Exception], int] = {
     UnknownModel: 404, SessionNotFound: 404, InputError: 422, SequenceConflict: 409, SessionFinished: 409,
-    SessionLimit: 429, UnsupportedBody: 415, StateStoreUnavailable: 503, EngineUnavailable: 503,
+    SessionLimit: 429, UnsupportedBody: 415, StateStoreUnavailable: 503, EngineUnavailable: 503, UnreadableBody: 400,
 }
+
+KSERVE_RETRY = ("send the same request again: one outside a sequence changes nothing, and a sequence's piece with "
+                "parameters.sequence_seq is applied at most once (answered replayed: true if it did apply); without "
+                "sequence_seq a retried piece may be applied twice")
 
 # what retrying a request does, by route, for the answers whose outcome is unknown (503)
 _RETRY = {
@@ -152,6 +158,8 @@ _RETRY = {
     ("", "/sessions/{session_id}/stream"): "connect again (to any replica) and send the same seq with the same "
                                            "content, which is always safe: it is applied at most once (a piece that "
                                            "did apply answers replayed: true)",
+    **{("POST", path): KSERVE_RETRY for path in ("/v2/models/{model_name}/infer",
+                                                 "/v2/models/{model_name}/versions/{model_version}/infer")},
 }
 
 

@@ -29,6 +29,21 @@ def request_id_of(scope: Scope) -> str | None:
     return state.get("request_id") if isinstance(state, dict) else None
 
 
+def kserve_route(scope: Scope) -> bool:
+    """A request to the KServe v2 routes (``/v2``, ``/v2/...``), whose errors have that protocol's body."""
+    path = scope.get("path", "")
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def error_body(scope: Scope, detail: str, **extra: Any) -> dict[str, Any]:
+    """An error's body: KServe v2's ``{"error": ...}`` on its routes (the request id is in the X-Request-ID header),
+    rtserve's ``{"detail", ..., "request_id"}`` (``extra`` fields that are not None) elsewhere."""
+    if kserve_route(scope):
+        return {"error": detail}
+    return {"detail": detail, **{key: value for key, value in extra.items() if value is not None},
+            "request_id": request_id_of(scope)}
+
+
 def take_request_id(scope: Scope) -> str:
     """The request's id, the client's ``X-Request-ID`` when it is plain (else a new one), put in its state."""
     sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
@@ -133,7 +148,7 @@ class BodyLimitMiddleware:
 
     @staticmethod
     async def _refuse(scope: Scope, send: Send, status: int, detail: str) -> None:
-        body = json.dumps({"detail": detail, "request_id": request_id_of(scope)}).encode()
+        body = json.dumps(error_body(scope, detail)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})

@@ -44,6 +44,7 @@ from service.sessions.lease import Holder, stream_token
 
 INDEX_TOUCH_SECONDS = 60.0  # a kept session's index entries move to its new idle expiry at most this often
 ROUNDS = 3  # reads of a session a piece may take before it is refused as a conflict
+NEXT_ROUNDS = 16  # the same for a piece without a number (apply_next), which concurrent pieces may each push back
 
 
 @dataclass
@@ -83,11 +84,13 @@ class SessionFlow:
         self.metrics = metrics
         self.cache = cache
 
-    async def create(self, model: LoadedModel, owner: str, quota: str | None = None) -> SessionMeta:
+    async def create(self, model: LoadedModel, owner: str, quota: str | None = None,
+                     session_id: str | None = None) -> SessionMeta:
         """A new session, kept here with its initial state: its first piece (or its stream) on this replica reads
-        nothing back."""
+        nothing back. ``session_id``: under that id (a KServe v2 sequence's), replacing a session there (a new
+        incarnation, :meth:`SessionStore.create`)."""
         state = model.new_state()
-        meta = await self.sessions.create(model.ref, model.task, owner, state, quota)
+        meta = await self.sessions.create(model.ref, model.task, owner, state, quota, session_id)
         self.cache.keep(meta.id, Kept(meta, state, {}, indexes_touched=time.time()))
         return meta
 
@@ -143,6 +146,55 @@ class SessionFlow:
             if replay is not None:
                 return replay
             raise SequenceConflict(f"piece {seq} could not be applied, try again", expected=meta.seq + 1)
+
+    async def apply_next(self, session_id: str, owner: str, text: str | None,
+                         rows: list[list[float]] | None) -> Applied:
+        """Apply the piece as the session's next one, whatever its number: for a protocol whose requests carry none
+        (KServe v2's sequences). Pieces are applied in the order their commits land: a piece whose compare-and-set
+        found the session moved on (another piece committed first, here or on another replica) is computed again
+        from the state that one left. Nothing tells a retry from a new piece, so none is answered ``replayed``: a
+        client that needs exactly-once numbers its pieces (:meth:`apply`)."""
+        expected = 0
+        for _ in range(NEXT_ROUNDS):
+            kept = self.cache.get(session_id)
+            if kept is not None and kept.meta.owner == owner and kept.meta.status is SessionStatus.OPEN:
+                with about(kept.meta):
+                    model = self.model_of(kept.meta)
+                    piece = self._piece(model, kept.meta, text, rows)
+                    self._check_room(kept.meta)
+                    try:
+                        return await self._compute(model, kept.meta, kept.state, kept.meta.seq + 1, piece,
+                                                   piece_digest(piece), None, kept)
+                    except LostRace:
+                        self.cache.drop(session_id)
+                        continue
+            known = await self.sessions.meta(session_id, owner)
+            seq = expected = known.seq + 1
+            begun = await self.sessions.begin(session_id, owner, seq)
+            with about(begun.meta):
+                try:
+                    if begun.meta.status is SessionStatus.FINISHED:
+                        raise SessionFinished(f"session {session_id} is finished; start a new session")
+                    model = self.model_of(begun.meta)
+                    piece = self._piece(model, begun.meta, text, rows)
+                    self._check_room(begun.meta)
+                except BaseException:
+                    if begun.token is not None:
+                        await self.sessions.leases.release(session_id, begun.token)
+                    raise
+                if begun.meta.seq + 1 != seq:  # another piece committed between the two reads: read again
+                    continue
+                if begun.busy:  # another request is applying this very piece now: wait for its commit
+                    await self.sessions.wait_for(session_id, seq)
+                    continue
+                assert begun.state is not None, "the next piece's read brings its state"
+                try:
+                    return await self._compute(model, begun.meta, begun.state, seq, piece, piece_digest(piece),
+                                               begun.token, None)
+                except LostRace:
+                    continue
+        raise SequenceConflict(f"the next piece of session {session_id} could not be applied: other pieces kept "
+                               "committing first; send it again", expected=expected)
 
     async def _compute(self, model: LoadedModel, meta: SessionMeta, state: Arrays, seq: int, piece: Any,
                        digest: str, token: str | None, kept: Kept | None) -> Applied:

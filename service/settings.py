@@ -24,6 +24,11 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Interface the HTTP server binds to.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port of the HTTP server.")
+    grpc_port: int | None = Field(
+        None, ge=1, le=65535, description="TCP port of the KServe v2 gRPC server (`inference.GRPCInferenceService`, "
+        "Triton's clients and perf_analyzer), on RTSERVE_HOST. Unset: no gRPC server (the KServe v2 REST routes, "
+        "/v2/..., are always served on RTSERVE_PORT).",
+    )
     model_repository: Path = Field(
         Path("model_repository"), description="Folder of exported models (one folder per model/version)."
     )

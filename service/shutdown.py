@@ -31,7 +31,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import retry_advice
-from service.middleware import request_id_of, route_template
+from service.middleware import error_body, route_template
 from service.sse import error_event_bytes
 
 log = logging.getLogger("rtserve")
@@ -51,6 +51,7 @@ class Shutdown:
         self._running: set[asyncio.Timeout] = set()
         self._streams: set[Callable[[], None]] = set()  # each open stream's "close once the frame in flight is out"
         self.stream_pieces = 0  # session stream frames being answered
+        self._on_stop: list[Callable[[], None]] = []  # other servers of this app (gRPC): stop accepting with uvicorn
 
     def begin(self, stop_accepting: Callable[[], None]) -> None:
         """A shutdown signal. The first starts the drain and calls ``stop_accepting`` (uvicorn's own signal handler)
@@ -75,7 +76,13 @@ class Shutdown:
         self._cut_at = asyncio.get_running_loop().time() + self.grace_seconds
         for cut in self._running:
             cut.reschedule(self._cut_at)
+        for stop in self._on_stop:
+            stop()
         stop_accepting()
+
+    def when_stopping(self, stop_accepting: Callable[[], None]) -> None:
+        """Call ``stop_accepting`` when the drain ends, as uvicorn stops accepting (the gRPC server's own stop)."""
+        self._on_stop.append(stop_accepting)
 
     @property
     def requests_in_flight(self) -> int:
@@ -145,9 +152,8 @@ class ShutdownMiddleware:
 async def answer_cut(scope: Scope, send: Send, started: bool, event_stream: bool) -> None:
     """Answer a request cut at the end of the grace: a JSON 503 with ``Retry-After``, or, when its answer has
     started, an ``error`` event on a stream."""
-    body = {"detail": "this replica is shutting down and the request did not finish within its grace "
-                      f"(RTSERVE_SHUTDOWN_TIMEOUT_SECONDS); its outcome is unknown: {retry_advice(scope)}",
-            "request_id": request_id_of(scope)}
+    body = error_body(scope, "this replica is shutting down and the request did not finish within its grace "
+                             f"(RTSERVE_SHUTDOWN_TIMEOUT_SECONDS); its outcome is unknown: {retry_advice(scope)}")
     log.warning("cut at the end of the shutdown grace: %s %s", scope.get("method"), route_template(scope))
     if not started:
         content = json.dumps(body).encode()

@@ -280,3 +280,17 @@ def test_pyproject_pins_cpu_torch_and_separates_the_onnxruntime_builds():
     assert any(r.startswith("onnxruntime==") for r in extras["cpu"])
     assert any(r.startswith("onnxruntime-gpu==") for r in extras["gpu"])
     assert project["scripts"]["rtserve"] == "rtserve.cli:main"
+
+
+def test_the_image_compose_and_nginx_serve_kserve_grpc_on_8001():
+    assert re.search(r"^EXPOSE .*\b8001\b", (ROOT / "Dockerfile").read_text(), re.M)
+    assert "RTSERVE_GRPC_PORT=8001" in (ROOT / "Dockerfile").read_text()
+    for kind, config in configs().items():
+        for service in replicas(config).values():
+            assert service["environment"]["RTSERVE_GRPC_PORT"] == "8001" and "8001" in service["expose"], kind
+        assert "8081:8081" in config["services"]["nginx"]["ports"]
+    text = (ROOT / "deploy" / "nginx.conf").read_text()
+    assert re.search(r"server rtserve:8001 resolve;", text) and "grpc_pass grpc://rtserve_grpc;" in text
+    assert re.search(r"listen 8081;\s+http2 on;", text)
+    v2 = text[text.index("location /v2/ {"):]
+    assert "proxy_next_upstream error timeout;" in v2[: v2.index("}")]  # a piece without a number: never resent

@@ -150,7 +150,9 @@ async def test_a_model_of_a_family_not_installed_is_reported_and_the_others_load
 # modules that serve every task alike: a comparison with a task's name there is a per-task branch
 GENERIC = ["service/routers/sessions.py", "service/session_flow.py", "service/runtime/registry.py",
            "service/runtime/pipeline.py", "service/app.py", "service/sse.py",
-           "models/serving/servable.py", "export/exporter.py"]
+           "models/serving/servable.py", "export/exporter.py", "service/routers/v2.py",
+           *(f"service/kserve/{name}.py" for name in ("tensors", "signature", "sequences", "inference", "protobuf",
+                                                       "grpc_service", "schemas"))]
 
 
 @pytest.mark.parametrize("path", GENERIC)

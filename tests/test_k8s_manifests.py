@@ -127,3 +127,105 @@ def test_the_redis_cluster_values_keep_sessions():
     assert config["appendfsync"] == "everysec"
     assert values["cluster"]["nodes"] == 6 and values["cluster"]["replicas"] == 1
     assert by_kind()["ConfigMap"]["data"]["RTSERVE_REDIS_CLUSTER"] == "true"
+
+
+# ---- KServe (deploy/kserve) ----------------------------------------------------------------------------------------
+KSERVE = ROOT / "deploy" / "kserve"
+NAME = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}
+METADATA = {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+    "name": NAME, "namespace": NAME, "labels": {"type": "object"}, "annotations": {"type": "object"}}}
+# The fields of KServe's CRDs (serving.kserve.io, KServe 0.13+) that these manifests use, each where the CRD has it:
+# kubernetes-validate ships no CRD schemas, so a misspelt or misplaced field fails here as the API server's strict
+# validation would. The containers are checked against Kubernetes' own Container schema below.
+SERVING_RUNTIME = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "serving.kserve.io/v1alpha1"}, "kind": {"const": "ServingRuntime"},
+        "metadata": METADATA,
+        "spec": {"type": "object", "required": ["supportedModelFormats", "containers"], "additionalProperties": False,
+                 "properties": {
+                     "supportedModelFormats": {"type": "array", "minItems": 1, "items": {
+                         "type": "object", "required": ["name"], "additionalProperties": False,
+                         "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                                        "autoSelect": {"type": "boolean"}, "priority": {"type": "integer"}}}},
+                     "protocolVersions": {"type": "array", "items": {"enum": ["v1", "v2", "grpc-v1", "grpc-v2"]}},
+                     "multiModel": {"type": "boolean"}, "disabled": {"type": "boolean"},
+                     "containers": {"type": "array", "minItems": 1, "items": {"type": "object"}}}}}}
+PREDICTOR_MODEL = ("modelFormat", "runtime", "protocolVersion", "storageUri")  # ModelSpec's own; the rest: Container
+INFERENCE_SERVICE = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "serving.kserve.io/v1beta1"}, "kind": {"const": "InferenceService"},
+        "metadata": METADATA,
+        "spec": {"type": "object", "required": ["predictor"], "additionalProperties": False, "properties": {
+            "predictor": {"type": "object", "required": ["model"], "additionalProperties": False, "properties": {
+                "minReplicas": {"type": "integer", "minimum": 0}, "maxReplicas": {"type": "integer", "minimum": 1},
+                "terminationGracePeriodSeconds": {"type": "integer"}, "serviceAccountName": NAME,
+                "model": {"type": "object", "required": ["modelFormat"], "properties": {
+                    "modelFormat": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                    "properties": {"name": {"type": "string"}, "version": {"type": "string"}}},
+                    "runtime": NAME, "protocolVersion": {"enum": ["v1", "v2", "grpc-v1", "grpc-v2"]},
+                    "storageUri": {"type": "string"}}}}}}}}}
+
+
+def kserve() -> tuple[dict, dict]:
+    return (yaml.safe_load((KSERVE / "servingruntime.yaml").read_text()),
+            yaml.safe_load((KSERVE / "inferenceservice.yaml").read_text()))
+
+
+def as_pod(container: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": {"containers": [container]}}
+
+
+def test_the_kserve_runtime_and_inference_service_have_their_crd_shape_and_valid_containers():
+    import jsonschema
+
+    runtime, service = kserve()
+    jsonschema.validate(runtime, SERVING_RUNTIME)
+    jsonschema.validate(service, INFERENCE_SERVICE)
+    for container in runtime["spec"]["containers"]:
+        kubernetes_validate.validate(as_pod(container), K8S_VERSION, strict=True)
+    model = service["spec"]["predictor"]["model"]
+    overrides = {key: value for key, value in model.items() if key not in PREDICTOR_MODEL}
+    kubernetes_validate.validate(as_pod({"name": "kserve-container", **overrides}), K8S_VERSION, strict=True)
+    with pytest.raises(jsonschema.ValidationError):  # the check catches a misplaced field
+        misplaced = {**service["spec"]["predictor"], "protocolVersion": "v2"}  # belongs to the model
+        jsonschema.validate({**service, "spec": {"predictor": misplaced}}, INFERENCE_SERVICE)
+
+
+def test_the_inference_service_speaks_v2_through_the_rtserve_runtime_with_the_bases_settings():
+    from service.app import create_app
+    from service.settings import Settings
+    from service.shutdown import CUT_MARGIN_SECONDS
+
+    runtime, service = kserve()
+    model = service["spec"]["predictor"]["model"]
+    assert model["protocolVersion"] in runtime["spec"]["protocolVersions"] and model["protocolVersion"] == "v2"
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    (container,) = runtime["spec"]["containers"]
+    assert container["name"] == "kserve-container"
+    routes = {path for path, ops in create_app().openapi()["paths"].items() if "get" in ops}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] in routes and container[probe]["httpGet"]["path"].startswith("/v2/")
+    environment = {item["name"]: item["value"] for item in container["env"]}
+    assert all(name.removeprefix("RTSERVE_").lower() in Settings.model_fields for name in environment)
+    (port,) = container["ports"]
+    assert port["containerPort"] == int(environment["RTSERVE_PORT"]) and port["name"] == "http1"
+    resources = by_kind()  # Redis, keys and the shutdown timings: the Kubernetes base's ConfigMap and Secret
+    refs = {(kind, ref["name"]) for source in container["envFrom"] for kind, ref in source.items()}
+    assert refs == {("configMapRef", resources["ConfigMap"]["metadata"]["name"]),
+                    ("secretRef", resources["Secret"]["metadata"]["name"])}
+    settings = resources["ConfigMap"]["data"]
+    needed = (float(settings["RTSERVE_SHUTDOWN_DRAIN_SECONDS"]) + float(settings["RTSERVE_SHUTDOWN_TIMEOUT_SECONDS"])
+              + CUT_MARGIN_SECONDS + 5)
+    assert service["spec"]["predictor"]["terminationGracePeriodSeconds"] >= needed
+
+
+def test_the_kubernetes_base_serves_kserve_grpc_on_its_grpc_port():
+    resources = by_kind()
+    (container,) = resources["Deployment"]["spec"]["template"]["spec"]["containers"]
+    ports = {port["name"]: port for port in container["ports"]}
+    assert ports["grpc"]["containerPort"] == int(resources["ConfigMap"]["data"]["RTSERVE_GRPC_PORT"])
+    service_ports = {port["name"]: port for port in resources["Service"]["spec"]["ports"]}
+    assert service_ports["grpc"]["targetPort"] == "grpc"

@@ -71,13 +71,17 @@ def find_triton(venv: Path) -> TritonInstall | str:
 class TritonServer(Server):
     """``tritonserver`` serving ``models`` of ``repository`` on a free loopback HTTP port."""
 
-    def __init__(self, install: TritonInstall, repository: Path, models: Sequence[str], log_path: Path) -> None:
-        port = free_port()
+    def __init__(self, install: TritonInstall, repository: Path, models: Sequence[str], log_path: Path,
+                 grpc: bool = False) -> None:
+        """``grpc``: serve KServe v2's gRPC too, on another free loopback port (``grpc_url``)."""
+        port, grpc_port = free_port(), free_port() if grpc else 0
+        self.grpc_url = f"{HOST}:{grpc_port}" if grpc else None
+        grpc_options = [f"--grpc-address={HOST}", f"--grpc-port={grpc_port}"] if grpc else ["--allow-grpc=false"]
         command = [
             str(install.server), f"--model-repository={repository}", "--model-control-mode=explicit",
             *(f"--load-model={name}" for name in models),
             f"--backend-directory={install.backends}", f"--cache-directory={install.caches}",
-            f"--http-address={HOST}", f"--http-port={port}", "--allow-grpc=false", "--allow-metrics=false",
+            f"--http-address={HOST}", f"--http-port={port}", *grpc_options, "--allow-metrics=false",
             "--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0", "--exit-on-error=true",
         ]
         env = dict(os.environ, PEER_SITE_PACKAGES=str(install.site_packages))

@@ -14,14 +14,17 @@ from service.sessions.errors import LostRace, QuotaFull, SessionFinished, Sessio
 from service.sessions.meta import SessionMeta
 
 # ---- the quota's reservation ---------------------------------------------------------------------------------
-# Shared by QUOTA and CREATE (ARGV: now, limit, session id, idle expiry). It counts the members not yet idle-expired;
-# when limit or more, it returns -1 and the earliest idle expiry among them, having written nothing. Otherwise it
-# adds the session, drops the expired members and returns the count. The add is the first write: Redis checks
-# maxmemory at a script's first write only, so a full Redis refuses the script before it writes anything (a prune
-# first would let the later writes through).
+# Shared by QUOTA, CREATE and CREATE_AGAIN (ARGV: now, limit, session id, idle expiry). It counts the members not yet
+# idle-expired, less the session itself (created again under its id: a restarted sequence); when limit or more, it
+# returns -1 and the earliest idle expiry among them, having written nothing. Otherwise it adds the session, drops
+# the expired members and returns the count. The add is the first write: Redis checks maxmemory at a script's first
+# write only, so a full Redis refuses the script before it writes anything (a prune first would let the later writes
+# through).
 RESERVE_LUA = """
 local function reserve(quota)
   local count = redis.call('ZCOUNT', quota, '(' .. ARGV[1], '+inf')
+  local own = redis.call('ZSCORE', quota, ARGV[3])  -- a session created again under its id holds its place already
+  if own and tonumber(own) > tonumber(ARGV[1]) then count = count - 1 end
   if count >= tonumber(ARGV[2]) then
     return -1, redis.call('ZRANGEBYSCORE', quota, '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
   end
@@ -60,9 +63,33 @@ end
 return {count}
 """
 
+CREATE_AGAIN = RESERVE_LUA + """
+-- CREATE for a session created under an id of the caller's (a KServe v2 sequence id): a session already there under
+-- that id is replaced, in the same script, by the new incarnation (its own epoch, seq 0). KEYS: meta, state, result,
+-- chunks, lock, and on one server the quota and live indexes; ARGV: as CREATE's. What the earlier incarnation left
+-- (meta fields, last result, chunks, a piece's lock) is dropped, so nothing of it is read back for the new one; a
+-- piece of it still in flight finds another epoch at its commit and writes nothing.
+local count = 0
+if #KEYS == 7 then
+  local earliest
+  count, earliest = reserve(KEYS[6])
+  if count < 0 then return {-1, earliest} end
+end
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[5])
+if #KEYS == 7 then
+  redis.call('ZADD', KEYS[7], ARGV[4], ARGV[3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', ARGV[1])
+end
+return {count}
+"""
+
 
 def reserved(reply: list[Any]) -> int:
-    """The quota's count before this session (QUOTA, CREATE); :class:`QuotaFull` when it holds its limit."""
+    """The quota's count before this session (QUOTA, CREATE, CREATE_AGAIN); :class:`QuotaFull` when it holds its
+    limit."""
     if int(reply[0]) < 0:
         raise QuotaFull(float(reply[1]))
     return int(reply[0])

@@ -129,17 +129,22 @@ class SessionStore:
         raise AssertionError("unreachable: the second attempt returns")
 
     # ---- create ------------------------------------------------------------------------------------------------
-    async def create(self, model: str, task: str, owner: str, state: Arrays, quota: str | None = None) -> SessionMeta:
+    async def create(self, model: str, task: str, owner: str, state: Arrays, quota: str | None = None,
+                     session_id: str | None = None) -> SessionMeta:
         """A new session of ``owner``, counted against the quota of ``quota`` (default: the owner).
 
         It first reserves its place in the quota index (count, add, prune, atomically, so parallel creates cannot
         overshoot), then writes meta, state and its live-index entry: on one server all in one script, on a cluster
         the quota's script, then the create's pipelined with the live index. A session therefore never exists
-        outside the quota index; a create that fails after its reservation removes what it may have written."""
+        outside the quota index; a create that fails after its reservation removes what it may have written.
+
+        ``session_id``: the caller's id for it (a KServe v2 sequence's, derived from its owner and sequence id) instead
+        of a random one; a session there already is replaced by this one, a new incarnation (``CREATE_AGAIN``)."""
         quota = quota or owner
         now = time.time()
         deadline = now + self.settings.session_max_lifetime_seconds
-        session_id = new_session_id()
+        again = session_id is not None
+        session_id = session_id or new_session_id()
         keys = self._keys(session_id)
         blob = encode_tensors(state)
         ttl = self.ttl(deadline)
@@ -152,15 +157,17 @@ class SessionStore:
         pairs = [str(item) for field in fields.items() for item in field]
         quota_key, live_key = self._owner_key(quota), self._live_key(model, session_id)
         args = [now, limit, session_id, now + ttl, ttl, blob, *pairs]
+        script = scripts.CREATE_AGAIN if again else scripts.CREATE
+        session_keys = [keys[part] for part in (("meta", "state", "result", "chunks", "lock") if again
+                                                else ("meta", "state"))]
         try:
             async with self.store.operation(self.metrics.time_redis("create")):
                 if self.one_node:  # the reservation, the session and its live-index entry: one script
-                    scripts.reserved(await self._evalsha(scripts.CREATE, [keys["meta"], keys["state"], quota_key,
-                                                                          live_key], args))
+                    scripts.reserved(await self._evalsha(script, [*session_keys, quota_key, live_key], args))
                 else:  # the quota index lives in another slot: reserve, then the session and its index entry
                     scripts.reserved(await self._evalsha(scripts.QUOTA, [quota_key], args[:4]))
                     replies = await self._pipelined(
-                        scripts.CREATE, [([keys["meta"], keys["state"]], args)],
+                        script, [(session_keys, args)],
                         [("ZADD", live_key, now + ttl, session_id),
                          ("ZREMRANGEBYSCORE", live_key, "-inf", now)],  # prune idle-expired ones
                     )
