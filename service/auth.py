@@ -72,21 +72,17 @@ OwnerDep = Annotated[str, Depends(get_owner)]
 
 
 async def get_quota(request: Request, settings: SettingsDep, owner: OwnerDep) -> str:
-    """The dependency of :func:`quota_of`."""
-    return quota_of(request, settings, owner)
-
-
-def quota_of(request: HTTPConnection, settings: Settings, owner: str) -> str:
-    """Whose session quota a create counts against: the API key's owner, or without keys the client address.
-
-    The address is the TCP peer, or the `X-Forwarded-For` client when uvicorn trusts the proxy
-    (`FORWARDED_ALLOW_IPS`); behind a proxy that is not trusted every client shares the proxy's quota.
-    """
+    """The dependency of :func:`quota_of`, for the request's client address."""
     return quota_of(settings, owner, request.client.host if request.client else None)
 
 
 def quota_of(settings: Settings, owner: str, host: str | None) -> str:
-    """:func:`get_quota` for a caller at ``host`` (its address), from any transport (HTTP, gRPC)."""
+    """Whose session quota a create counts against: the API key's owner, or without keys the client address
+    ``host``, from any transport (HTTP, gRPC).
+
+    Over HTTP the address is the TCP peer, or the `X-Forwarded-For` client when uvicorn trusts the proxy
+    (`FORWARDED_ALLOW_IPS`); behind a proxy that is not trusted every client shares the proxy's quota.
+    """
     return owner if settings.api_keys else f"{owner}@{host or 'unknown'}"
 
 

@@ -229,7 +229,7 @@ def test_one_grpc_stream_carries_several_sequences_at_once(server, grpc):
         last = {}
         for _ in range(sent):
             result, error = answers.get(timeout=60)
-            assert error is None, error
+            assert error is None, error.message()
             sequence_id, step = result.get_response().id.split(":")
             last[int(sequence_id)] = max(last.get(int(sequence_id), (-1, None)), (int(step), result),
                                          key=lambda pair: pair[0])

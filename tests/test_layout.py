@@ -68,7 +68,8 @@ RULES = [
 # side, then the session flow over both, then HTTP (middleware, errors, the fast path, routers, the app).
 FOUNDATION = ("settings", "devices", "metrics", "gpu_metrics", "logs", "loop_lag", "tensor_codec", "result_json",
               "state_store", "embedded_redis", "schemas")
-SERVICE = sorted({p.stem for p in (ROOT / "service").glob("*.py")} | {"runtime", "sessions", "routers"})
+SERVICE = sorted({p.stem for p in (ROOT / "service").glob("*.py")} | {p.name for p in (ROOT / "service").iterdir()
+                                                                      if p.is_dir() and (p / "__init__.py").exists()})
 
 
 def service_modules_but(*allowed: str) -> tuple[str, ...]:

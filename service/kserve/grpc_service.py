@@ -307,9 +307,13 @@ class InferStream:
         started = time.perf_counter()
         call = self.call.request()
         status = 500
+        shutdown = self.servicer.shutdown
         try:
-            async with self.servicer.shutdown.piece():
+            shutdown.stream_pieces += 1  # a request in flight, for the batcher's lone-request rule
+            try:
                 answer = await self.servicer.answer(message, call, self.owner)
+            finally:
+                shutdown.stream_pieces -= 1
             response = service_pb2.ModelStreamInferResponse(infer_response=protobuf.infer_response(answer))
             status = 200
             self._keep_pinned(answer.parameters.get("session_id"), bool(answer.parameters.get("sequence_end")))

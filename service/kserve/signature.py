@@ -113,15 +113,15 @@ def tensors_of_value(name: str, value: Any, spec: TensorSpec | None) -> list[Ten
         keys = [str(key).encode() for key in value]
         values = _array(list(value.values()), tensor)
         return [values, Tensor(tensor + KEYS, BYTES, (len(keys),), keys)]
-    if isinstance(value, list):
-        if spec is not None and not value:
+    if isinstance(value, list | np.ndarray):  # a forecast's rows come as a float64 array
+        if spec is not None and not len(value):
             return [spec.empty()]
         return [_array(value, tensor)]
     return [Tensor(tensor, BYTES, (1,), [orjson.dumps(value)])]  # anything else: its JSON
 
 
-def _array(values: list[Any], name: str) -> Tensor:
-    if values and all(isinstance(value, str) for value in values):
+def _array(values: list[Any] | np.ndarray, name: str) -> Tensor:
+    if isinstance(values, list) and values and all(isinstance(value, str) for value in values):
         return Tensor(name, BYTES, (len(values),), [value.encode("utf-8", "surrogatepass") for value in values])
     array = np.asarray(values)
     if array.dtype.kind == "f":

@@ -54,7 +54,8 @@ async def create_fast(request: Request) -> Response | None:
     owner = owner_of_request(request, state.settings)
     model = state.registry.resolve(name, task)
     request.state.model = model.ref
-    meta = await state.flow.create(model, owner, quota_of(request, state.settings, owner))
+    host = request.client.host if request.client else None
+    meta = await state.flow.create(model, owner, quota_of(state.settings, owner, host))
     return Response(orjson.dumps(session_fields(meta)), status_code=201, media_type="application/json")
 
 
