@@ -121,7 +121,7 @@ async def front_end_main(socket_path: Path, index: int, sessions: int, piece_ms:
 
     client = EngineClient(socket_path)
     await client.connect(timeout=60)
-    graph = RemoteGraph(client, MODEL, GRAPH, 32)
+    graph = RemoteGraph(client, MODEL, GRAPH, int(client.models[MODEL]["max_batch_size"]))
     row = {"front_end": np.full((1, 1), index, dtype=np.int64)}
     await graph.submit(row)  # connected and warm
     deadline = time.monotonic() + seconds
