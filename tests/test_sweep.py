@@ -63,8 +63,8 @@ class NoNvml:
 
 
 def test_on_a_cpu_the_busy_share_is_the_engine_processes_cpu_over_the_cores():
-    engine = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass",
-                               "service.runtime.engine_process"])
+    busy_loop = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"
+    engine = subprocess.Popen([sys.executable, "-c", busy_loop, "service.runtime.engine_process"])
     try:
         time.sleep(0.2)
         found, kind = engine_process(psutil.Process())

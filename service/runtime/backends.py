@@ -192,7 +192,10 @@ class _TorchModuleBackend:
 
     name = "torch"
 
-    def __init__(self, module: Any, graph: Mapping[str, Any], device: str = "cpu", precision: str = "fp32") -> None:
+    def __init__(self, module: Any, graph: Mapping[str, Any], device: str = "cpu", precision: str = "fp32",
+                 mode: str = "eager", largest_batch: int = 32, capture: Any = None) -> None:
+        """``mode``: eager, graphs (captured CUDA graphs per batch bucket up to ``largest_batch``) or compile
+        (:mod:`service.runtime.step_graphs`); ``capture``: the graphs' capture function (default: CUDA's)."""
         self.device, self.precision = device, precision
         self.dtype = torch_dtype(precision)
         self.module = module.to(device=device, dtype=self.dtype) if precision != "fp32" else module.to(device)
@@ -201,6 +204,26 @@ class _TorchModuleBackend:
         self.output_names = [spec["name"] for spec in graph["outputs"]]
         self.copies_to_device = device != "cpu"  # on the CPU a tensor is a view of the array, nothing to keep
         self.device_copies = DeviceCopies(self._to_device)
+        self.mode, self.graphs = mode, None
+        self.call: Any = self.module
+        if mode == "graphs":
+            from service.runtime.step_graphs import StepGraphs, cuda_capture
+
+            self.call = self.graphs = StepGraphs(self.module, largest_batch, capture or cuda_capture)
+            self.providers.append("CUDA graphs")
+        elif mode == "compile":
+            from service.runtime.step_graphs import PaddedCompile
+
+            self.call = PaddedCompile(self.module, largest_batch)
+            self.providers.append("torch.compile")
+
+    def warm(self, sample: Any) -> None:
+        """Capture every batch bucket now on ``sample(rows)`` (host tensors), not at the first batches served."""
+        if self.graphs is not None:
+            import torch
+
+            with torch.inference_mode():
+                self.graphs.warm(lambda rows: [self._to_device(t.numpy()) for t in sample(rows)])
 
     def _to_device(self, array: np.ndarray) -> Any:
         import torch
@@ -219,14 +242,22 @@ class _TorchModuleBackend:
         else:
             tensors = [self._to_device(array) for array in arrays]
         with torch.inference_mode():
-            outputs = self.module(*tensors)
-        return {
-            name: (tensor.float() if tensor.is_floating_point() else tensor).cpu().numpy()
-            for name, tensor in zip(self.output_names, outputs, strict=True)
-        }
+            outputs = self.call(*tensors)
+            # a captured graph's outputs are its static buffers, overwritten by the next call: copied out here (to
+            # the host from a GPU; on a CPU, where .cpu() is the tensor itself, by a copy)
+            copy = self.graphs is not None and not self.copies_to_device
+            return {
+                name: _host(tensor, copy) for name, tensor in zip(self.output_names, outputs, strict=True)
+            }
 
     def drop_kept(self) -> None:
         self.device_copies.clear()
+
+
+def _host(tensor: Any, copy: bool) -> np.ndarray:
+    """A float32 (floating) or same-dtype numpy array of ``tensor``, on the host."""
+    host = (tensor.float() if tensor.is_floating_point() else tensor).cpu().numpy()
+    return host.copy() if copy else host
 
 
 class TorchScriptBackend(_TorchModuleBackend):
@@ -257,10 +288,13 @@ def load_backends(
     device: str = "cpu",
     precision: str = "fp32",
     spinning: bool = False,
+    step_mode: str = "auto",
+    max_batch_size: int = 32,
 ) -> dict[str, Backend]:
     """One backend per graph of the entry on a resolved ``device`` ("cpu", "cuda:N") in ``precision``;
     ``intra_op_threads`` > 0 caps each graph's CPU threads (0: each graph's own from its manifest, ONNX Runtime's
-    default where it names none); ``spinning`` lets ONNX Runtime's busy-wait.
+    default where it names none); ``spinning`` lets ONNX Runtime's busy-wait; ``step_mode`` (torch on CUDA: auto,
+    eager, graphs, compile) and ``max_batch_size``, the largest batch bucket: :mod:`service.runtime.step_modes`.
 
     An entry exported in fp16 (``rtserve export --fp16``: float16 inputs, outputs and state) runs as
     it is, in fp16, whether ``precision`` says fp32 (the default) or fp16.
@@ -280,12 +314,7 @@ def load_backends(
 
         torch.set_num_threads(intra_op_threads)  # process-wide for torch
     if backend == "torch":
-        from models.serving.servable import build_servable
-
-        servable = build_servable(entry / "checkpoint", name=manifest["name"])
-        return {
-            g["name"]: TorchBackend(servable.graph(g["name"]).module, g, device, precision) for g in manifest["graphs"]
-        }
+        return torch_backends(entry, manifest, device, precision, step_mode, max_batch_size)
     loaded: dict[str, Backend] = {}
     for graph in manifest["graphs"]:
         file_name = graph["files"].get(backend)
@@ -299,4 +328,30 @@ def load_backends(
             )
         else:
             loaded[graph["name"]] = TorchScriptBackend(entry / file_name, graph, device, precision)
+    return loaded
+
+
+def torch_backends(entry: Path, manifest: Mapping[str, Any], device: str, precision: str, step_mode: str = "auto",
+                   max_batch_size: int = 32) -> dict[str, Backend]:
+    """Eager PyTorch graphs rebuilt from the entry's checkpoint, each in the mode chosen for it on ``device``
+    (:func:`service.runtime.step_modes.choose`); captured graphs are captured for every bucket here, at load."""
+    import logging
+
+    import torch
+
+    from models.serving.servable import build_servable
+    from service.runtime.step_modes import choose, read_record
+
+    servable = build_servable(entry / "checkpoint", name=manifest["name"])
+    record = read_record(entry)
+    loaded: dict[str, Backend] = {}
+    for spec in manifest["graphs"]:
+        graph = servable.graph(spec["name"])
+        choice = choose(step_mode, spec, device, record)
+        backend = TorchBackend(graph.module, spec, device, precision, choice.mode, max_batch_size)
+        if choice.mode == "graphs":
+            generator = torch.Generator().manual_seed(0)
+            backend.warm(lambda rows, graph=graph, generator=generator: graph.sample_inputs(rows, generator))
+        logging.getLogger(__name__).info("%s %s: %s (%s)", manifest["name"], spec["name"], choice.mode, choice.why)
+        loaded[spec["name"]] = backend
     return loaded
