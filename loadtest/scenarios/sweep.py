@@ -7,7 +7,10 @@ process's event loop), ``--repeats`` times; past 32 sessions they reuse the firs
 session of its own). Reported per count, the medians over the repeats of: pieces/s, p50 and p99 piece latency, the
 engine's mean batch (the delta of the service's ``rtserve_batch_size`` histogram over the run), the device's busy
 share (:mod:`loadtest.device_busy`: NVML's utilization on a GPU, the engine's CPU share on a CPU), the client's share
-of the machine, and whether the client was the limit (in any repeat).
+of the machine, and whether the client was the limit (in any repeat). Where NVML reads the GPU's energy counter,
+each count also gets J/piece: its sessions served again and again for at least ``GPU_WINDOW_SECONDS``, the whole
+GPU's energy over that window divided by its pieces (:mod:`loadtest.bench_gpu`), so J/segment at one session and at
+capacity are two rows of the same table.
 
 The sweep stops after :data:`PATIENCE` counts in a row whose pieces/s is not :data:`RISE` above the best before
 them (one noisy count does not end it), or at the first count with failed pieces. A model's **capacity** is the
@@ -21,11 +24,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from loadtest.bench_gpu import EnergyMeter, energy_rates
 from loadtest.closed_loop import ClientPool, Target, default_processes, figures
 from loadtest.device_busy import DeviceBusy
 from loadtest.harness import median
 from loadtest.metrics import histogram_mean, metric_delta
 from loadtest.scenarios.common import Bench, log, why_not
+from loadtest.scenarios.gpu import GPU_WINDOW_SECONDS
 from loadtest.scenarios.triton import TASKS, sessions_for
 
 RISE = 1.05  # a count whose pieces/s is not 5 % above the best before it did not raise the rate
@@ -109,7 +114,20 @@ async def measure_count(bench: Bench, pool: ClientPool, target: Target, bodies: 
     return row | busy.figures
 
 
-async def sweep_model(bench: Bench, pool: ClientPool, task: str, counts: list[int]) -> dict[str, Any]:
+async def energy_window(pool: ClientPool, target: Target, bodies: list[list[bytes]], meter: EnergyMeter,
+                        server_cpu: Callable[[], float]) -> dict[str, float]:
+    """J/piece of ``bodies`` served closed loop, again and again for at least GPU_WINDOW_SECONDS (the counter moves
+    about every 100 ms); the sessions' opening and closing between passes is in the joules, as in serving."""
+    before, pieces, seconds = meter.millijoules(), 0, 0.0
+    while seconds < GPU_WINDOW_SECONDS:
+        run = await asyncio.to_thread(pool.run, target, bodies, server_cpu)
+        pieces, seconds = pieces + run.pieces, seconds + run.wall_seconds
+    rates = energy_rates(meter.millijoules() - before, pieces, seconds)
+    return {"joules_per_piece": rates["joules_per_segment"], "watts": rates["watts"]}
+
+
+async def sweep_model(bench: Bench, pool: ClientPool, task: str, counts: list[int],
+                      meter: EnergyMeter | None = None) -> dict[str, Any]:
     ref = bench.ref(task)
     distinct = sessions_for(bench, task, min(max(counts), DISTINCT_SESSIONS), pieces=bench.counts.sweep_pieces)
     bodies = [distinct[index % len(distinct)].pieces for index in range(max(counts))]
@@ -123,6 +141,8 @@ async def sweep_model(bench: Bench, pool: ClientPool, task: str, counts: list[in
         failed = [run for run in runs if run.get("errors")]
         row = summarize(runs) if all("pieces_per_second" in run for run in runs) else {**runs[-1], "repeats": runs}
         levels[str(count)] = row
+        if not failed and meter is not None and meter.available:
+            row |= await energy_window(pool, target, bodies[:count], meter, bench.stopwatch.server_cpu)
         if failed:
             row["stopped"] = f"{sum(r['errors'] for r in failed)} pieces failed: {failed[0].get('first_errors')}"
             break
@@ -144,6 +164,7 @@ async def run_sweep(bench: Bench) -> dict[str, Any]:
     results: dict[str, Any] = {"client_processes": processes, "counts": counts, "repeats": bench.repeats,
                                "models": {}}
     pool = ClientPool(processes)
+    meter = EnergyMeter()
     try:
         for task, wanted in TASKS.items():
             reason = why_not(bench, task, wanted)
@@ -151,7 +172,12 @@ async def run_sweep(bench: Bench) -> dict[str, Any]:
                 results["models"][task] = {"skipped": reason}
                 continue
             log.info("sweep: %s at up to %s sessions", bench.ref(task), counts)
-            results["models"][task] = await sweep_model(bench, pool, task, counts)
+            results["models"][task] = await sweep_model(bench, pool, task, counts, meter)
+            levels, best = results["models"][task]["levels"], results["models"][task]["capacity"]
+            at_best = levels[str(best["sessions"])] if best else {}
+            if "joules_per_piece" in levels.get("1", {}) and "joules_per_piece" in at_best:
+                results["models"][task]["joules_at_capacity_over_one"] = (
+                    at_best["joules_per_piece"] / levels["1"]["joules_per_piece"])
     finally:
         pool.close()
     return results
