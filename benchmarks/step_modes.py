@@ -96,7 +96,7 @@ def table(results: dict[str, dict[str, Any]], batches: list[int]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
-    parser.add_argument("--models", default="rmt-hyperpartisan,rsa-etth1-h24", help="comma-separated entry names")
+    parser.add_argument("--models", default="all", help="comma-separated entry names (all: every entry)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--modes", default="eager,graphs", help="of eager, graphs, compile")
@@ -114,7 +114,9 @@ def main() -> None:
 
     device_name = torch.cuda.get_device_name(0) if options.device.startswith("cuda") else "cpu"
     results: dict[str, dict[str, Any]] = {}
-    for model in (m.strip() for m in options.models.split(",") if m.strip()):
+    names = sorted(p.parent.parent.name for p in options.repository.glob("*/*/manifest.json")) \
+        if options.models == "all" else [m.strip() for m in options.models.split(",") if m.strip()]
+    for model in names:
         entries = sorted((options.repository / model).glob("*/manifest.json"))
         if not entries:
             print(f"{model}: not in {options.repository}, skipped", flush=True)
