@@ -118,7 +118,6 @@ def minilm(carry: Path, site: Path) -> None:
 
 
 def random_minilm(config: dict, path: Path) -> None:
-    import torch
     from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
