@@ -137,6 +137,12 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='Step mode per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "graphs"}.',
     )
+    device_state_bytes: int = Field(
+        2**30, ge=0,
+        description="Bytes of session states the torch backend keeps on a CUDA device where their step left them, "
+        "for the callers that pass their state's handle back (the step then copies no state to the device); the "
+        "least recently used are dropped past it. 0 keeps none; the CPU keeps none.",
+    )
     default_models: dict[str, str] = Field(
         default_factory=dict,
         description='Default model per task as JSON, e.g. {"summarize": "srformer-news"}.',

@@ -59,3 +59,33 @@ def test_the_torch_backend_loads_the_measured_mode_and_captures_at_load(tiny_mod
         assert backend.graphs.shapes() == 1  # type: ignore[attr-defined]  # every bucket of the sample's shape
     finally:
         (entry / RECORD).unlink()
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["eager", "graphs"])
+def test_a_kept_state_on_the_gpu_steps_as_the_host_copy_would(mode, tmp_path):
+    from service.runtime.backends import device_states_on
+    from service.runtime.device_states import STATE_HANDLE
+
+    servable = build_servable(FAMILIES["rsa"](tmp_path))
+    graph = servable.graph("step")
+    spec = {"name": "step", "inputs": [s.as_dict() for s in graph.inputs],
+            "outputs": [s.as_dict() for s in graph.outputs], "state_outputs": graph.state_outputs}
+    states = device_states_on("cuda:0", 2**24)
+    assert states is not None and device_states_on("cpu", 2**24) is None
+    kept = TorchBackend(graph.module, spec, "cuda:0", mode=mode, largest_batch=8, device_states=states)
+    plain = TorchBackend(graph.module, spec, "cuda:0")
+    generator = torch.Generator().manual_seed(0)
+
+    def sample(rows):
+        return {s.name: t.numpy() for s, t in zip(graph.inputs, graph.sample_inputs(rows, generator), strict=True)}
+
+    out = kept.run(sample(5) | {STATE_HANDLE: np.zeros(5, np.int64)})
+    piece = sample(5)
+    reference = plain.run(piece | {"window": out["next_window"], "rows_seen": out["next_rows_seen"]})
+    reused_before = states.reused_rows
+    again = kept.run(piece | {"window": np.zeros_like(out["next_window"]), "rows_seen": out["next_rows_seen"],
+                              STATE_HANDLE: out[STATE_HANDLE]})
+    assert states.reused_rows == reused_before + 5
+    for name, want in reference.items():
+        np.testing.assert_allclose(again[name], want, rtol=1e-5, atol=1e-5)
