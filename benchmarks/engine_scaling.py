@@ -90,7 +90,8 @@ async def engine_main(socket_path: Path, device_ms: float, max_batch: int, log: 
     from service.runtime.batcher import DynamicBatcher
     from service.runtime.engine import Engine
 
-    batcher = DynamicBatcher(FakeDevice(device_ms / 1000, log), MODEL, GRAPH, max_batch, 0.005)
+    # an accelerator's step: about the same time at any batch size (the batcher's flat-step rule, as on CUDA)
+    batcher = DynamicBatcher(FakeDevice(device_ms / 1000, log), MODEL, GRAPH, max_batch, 0.005, flat_step=True)
     registry = FakeRegistry({MODEL: FakeModel({GRAPH: batcher}, max_batch_size=max_batch)})
     server = await Engine(registry).serve(socket_path)
     stop = asyncio.Event()
