@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--warm-up", type=int, default=5)
     parser.add_argument("--write", action="store_true", help="write each entry's step_modes.json")
     parser.add_argument("--out-md", type=Path, help="also write the table here")
+    parser.add_argument("--out-json", type=Path, help="and every model's record here")
     options = parser.parse_args()
     options.modes = [m.strip() for m in options.modes.split(",") if m.strip()]
     options.batches = [int(b) for b in options.batches.split(",")]
@@ -134,6 +135,8 @@ def main() -> None:
     if options.out_md:
         options.out_md.parent.mkdir(parents=True, exist_ok=True)
         options.out_md.write_text(text + "\n")
+    if options.out_json:
+        options.out_json.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

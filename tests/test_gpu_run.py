@@ -47,4 +47,5 @@ def test_the_gpu_run_rehearses_on_the_cpu_in_time_with_every_step_ok(tiny_models
         assert (report / name).is_file(), name
     assert "Capacity sweep" in (report / "workers-2.md").read_text()
     assert "rsa-tiny" in (report / "step-modes.md").read_text()
-    assert "missing imports: none" in summary and "Whole run:" in summary
+    assert "missing imports: none" in summary and "Whole run:" in summary and "Targets" in summary
+    assert "| 2 | rsa-tiny:1 |" in summary  # the targets read off the reports
