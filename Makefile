@@ -14,7 +14,7 @@ PORT   ?=
 PEERS  ?= .venv-peers
 PEERS_STAMP := $(PEERS)/.rtserve-peers-installed
 
-.PHONY: install serve test lint bench peers model-repository clean
+.PHONY: install serve test lint bench peers model-repository gpu-carry gpu-check clean
 
 # Create the venv if missing and install rtserve (editable) with one ONNX Runtime build.
 $(STAMP): pyproject.toml
@@ -63,6 +63,15 @@ $(PEERS_STAMP): Makefile
 	@touch $@
 
 peers: $(PEERS_STAMP)
+
+# The GPU run (benchmarks/gpu_run.sh): gpu-carry/ is what it carries to a host without a package index (under 64 MiB:
+# the models as the torch backend reads them, the bench's data, the cp312 wheels); gpu-check runs it on this machine's
+# GPU, or with GPU_ARGS="--device cpu --quick" rehearses it here. The report goes to $$OUT/docs/bench-h200/.
+gpu-carry: $(STAMP) model-repository
+	$(BIN)/python benchmarks/gpu_carry.py
+
+gpu-check:
+	bash benchmarks/gpu_run.sh $(GPU_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -9,6 +9,11 @@ the engine. Pieces of 24 ETTh1-like rows are consumed one after another on each 
 every step is the engine's only call in flight; with more, that many are in flight at once and share the engine's
 batches. Per repeat, the engine process's and this process's CPU (the kernel's
 per-process clocks) and the wall time are read around ``--pieces`` pieces; printed: the medians per piece.
+
+The engine's CPU is also split by thread (the kernel's per-thread clocks): its event loop (the main thread: reading
+frames, the batcher, writing answers: the hop) and the rest (the graph's thread, where the step itself runs on a
+CPU; on a GPU host that thread only launches the step). Also printed: steps per frame the front end sent
+(:class:`~service.runtime.engine_client.StepFrames`).
 """
 
 from __future__ import annotations
@@ -76,20 +81,30 @@ async def measure(options: argparse.Namespace) -> dict[str, float]:
 
         await asyncio.gather(*(session(state, 200 // options.sessions + 1) for state in states))  # warm-up
         engine_process, front_end = psutil.Process(engine.pid), psutil.Process()
-        runs: list[tuple[float, float, float]] = []
+        runs: list[tuple[float, float, float, float]] = []
+        counted = getattr(client, "steps", None)  # (an engine client from before step frames: one step a frame)
+        frames, steps = (counted.frames_sent, counted.steps_sent) if counted else (0, 0)
         for _ in range(options.repeats):
             engine_cpu, front_cpu = sum(engine_process.cpu_times()[:2]), sum(front_end.cpu_times()[:2])
+            loop_cpu = loop_thread_cpu(engine_process)
             started = time.perf_counter()
             await asyncio.gather(*(session(state, per_session) for state in states))
             runs.append((sum(engine_process.cpu_times()[:2]) - engine_cpu, sum(front_end.cpu_times()[:2]) - front_cpu,
-                         time.perf_counter() - started))
+                         time.perf_counter() - started, loop_thread_cpu(engine_process) - loop_cpu))
+        steps_per_frame = ((counted.steps_sent - steps) / max(counted.frames_sent - frames, 1)) if counted else 1.0
     finally:
         await leave(client)
         engine.terminate()
         engine.wait(timeout=30)
     per_piece = [[1e6 * value / (per_session * options.sessions) for value in run] for run in runs]
-    return {name: statistics.median(run[i] for run in per_piece)
-            for i, name in enumerate(("engine_cpu_us", "front_end_cpu_us", "wall_us"))}
+    result = {name: statistics.median(run[i] for run in per_piece)
+              for i, name in enumerate(("engine_cpu_us", "front_end_cpu_us", "wall_us", "engine_loop_cpu_us"))}
+    return result | {"steps_per_frame": steps_per_frame}
+
+
+def loop_thread_cpu(process: Any) -> float:
+    """CPU seconds of the process's main thread (the engine's event loop), from the kernel's per-thread clock."""
+    return next((t.user_time + t.system_time for t in process.threads() if t.id == process.pid), 0.0)
 
 
 def main() -> None:
@@ -102,8 +117,10 @@ def main() -> None:
     options = parser.parse_args()
     result = asyncio.run(measure(options))
     print(f"{options.sessions} session(s), per piece (medians of {options.repeats} x {options.pieces}): "
-          f"engine {result['engine_cpu_us']:.0f} µs of CPU, front end {result['front_end_cpu_us']:.0f} µs of CPU, "
-          f"wall {result['wall_us']:.0f} µs")
+          f"engine {result['engine_cpu_us']:.0f} µs of CPU (its event loop {result['engine_loop_cpu_us']:.0f}, "
+          f"the graph's thread {result['engine_cpu_us'] - result['engine_loop_cpu_us']:.0f}), "
+          f"front end {result['front_end_cpu_us']:.0f} µs of CPU, wall {result['wall_us']:.0f} µs; "
+          f"{result['steps_per_frame']:.1f} steps per frame")
 
 
 if __name__ == "__main__":

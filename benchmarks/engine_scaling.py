@@ -90,7 +90,8 @@ async def engine_main(socket_path: Path, device_ms: float, max_batch: int, log: 
     from service.runtime.batcher import DynamicBatcher
     from service.runtime.engine import Engine
 
-    batcher = DynamicBatcher(FakeDevice(device_ms / 1000, log), MODEL, GRAPH, max_batch, 0.005)
+    # an accelerator's step: about the same time at any batch size (the batcher's flat-step rule, as on CUDA)
+    batcher = DynamicBatcher(FakeDevice(device_ms / 1000, log), MODEL, GRAPH, max_batch, 0.005, flat_step=True)
     registry = FakeRegistry({MODEL: FakeModel({GRAPH: batcher}, max_batch_size=max_batch)})
     server = await Engine(registry).serve(socket_path)
     stop = asyncio.Event()
@@ -121,7 +122,7 @@ async def front_end_main(socket_path: Path, index: int, sessions: int, piece_ms:
 
     client = EngineClient(socket_path)
     await client.connect(timeout=60)
-    graph = RemoteGraph(client, MODEL, GRAPH, 32)
+    graph = RemoteGraph(client, MODEL, GRAPH, int(client.models[MODEL]["max_batch_size"]))
     row = {"front_end": np.full((1, 1), index, dtype=np.int64)}
     await graph.submit(row)  # connected and warm
     deadline = time.monotonic() + seconds

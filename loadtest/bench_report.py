@@ -293,21 +293,32 @@ def sweep_section(run: Mapping[str, Any]) -> list[str]:
     if not models:
         return []
     lines = ["", "## Capacity sweep (rtserve over HTTP, closed loop)", "",
-             f"{run['client_processes']} client processes. Capacity: the most pieces/s with p99 under 250 ms. "
-             "`*`: the client was the limit (see the notes).", "",
-             "| model | sessions | pieces/s | p50 ms | p99 ms | mean batch | client CPU share |",
-             "|---|---|---|---|---|---|---|"]
+             f"{run['client_processes']} client processes, medians of {run.get('repeats', 1)} repeats per count. "
+             "Capacity: the most pieces/s with p99 under 250 ms. `*`: the client was the limit (see the notes). "
+             "Device busy: " + next((m["device_busy_source"] for m in models.values() if m.get("device_busy_source")),
+                                    "not measured") + ".", "",
+             "| model | sessions | pieces/s | p50 ms | p99 ms | mean batch | device busy | client CPU share "
+             "| J/piece |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for model in models.values():
         for count, row in model["levels"].items():
+            if "pieces_per_second" not in row:
+                lines.append(f"| {model['model']} | {count} | failed: {row.get('stopped', '')} | | | | | | |")
+                continue
             star = "*" if row.get("client_limited") else ""
+            busy = f"{row['device_busy']:.0%}" if row.get("device_busy") is not None else ""
+            joules = f"{row['joules_per_piece']:.3g}" if "joules_per_piece" in row else ""
             lines.append(f"| {model['model']} | {count} | {row['pieces_per_second']:.4g}{star} | {row['p50_ms']:.3g} "
-                         f"| {row['p99_ms']:.3g} | {row['mean_batch_size']:.3g} | {row['client_cpu_share']:.0%} |")
+                         f"| {row['p99_ms']:.3g} | {row['mean_batch_size']:.3g} | {busy} | "
+                         f"{row['client_cpu_share']:.0%} | {joules} |")
     lines.append("")
     for model in models.values():
         best = model["capacity"]
         lines.append(f"- capacity of {model['model']}: " + (
             f"{best['pieces_per_second']:.4g} pieces/s at {best['sessions']} sessions" if best
-            else "no count kept p99 under 250 ms"))
+            else "no count kept p99 under 250 ms") + (
+            f"; J/piece at capacity / at 1 session: {model['joules_at_capacity_over_one']:.3g}"
+            if "joules_at_capacity_over_one" in model else ""))
     return lines
 
 

@@ -69,8 +69,11 @@ def visible_nvml_gpus() -> int:
 
 
 def onnx_providers() -> list[str]:
-    import onnxruntime as ort
-
+    """ONNX Runtime's providers; none where it is not installed (a torch-only GPU host)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return []
     return list(ort.get_available_providers())
 
 

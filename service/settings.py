@@ -132,6 +132,22 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='Precision per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "bf16"}.',
     )
+    step_mode: Literal["auto", "eager", "graphs", "compile"] = Field(
+        "auto",
+        description="How a torch step runs on a CUDA device: `auto` (the mode the entry's step_modes.json measured "
+        "fastest, eager without one), `eager`, `graphs` (CUDA graphs captured per batch bucket) or `compile` "
+        "(torch.compile). On a CPU, and for decode graphs, always eager.",
+    )
+    model_step_modes: dict[str, Literal["auto", "eager", "graphs", "compile"]] = Field(
+        default_factory=dict,
+        description='Step mode per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "graphs"}.',
+    )
+    device_state_bytes: int = Field(
+        2**30, ge=0,
+        description="Bytes of session states the torch backend keeps on a CUDA device where their step left them, "
+        "for the callers that pass their state's handle back (the step then copies no state to the device); the "
+        "least recently used are dropped past it. 0 keeps none; the CPU keeps none.",
+    )
     default_models: dict[str, str] = Field(
         default_factory=dict,
         description='Default model per task as JSON, e.g. {"summarize": "srformer-news"}.',
@@ -216,6 +232,9 @@ class Settings(BaseSettings):
     def device_for(self, model: str) -> str:
         """The device setting of ``model`` (auto, cpu, cuda, cuda:N), before resolution."""
         return self.model_devices.get(model, self.device)
+
+    def step_mode_for(self, model: str) -> str:
+        return self.model_step_modes.get(model, self.step_mode)
 
     def precision_for(self, model: str) -> str:
         return self.model_precisions.get(model, self.precision)

@@ -233,3 +233,28 @@ async def test_a_lone_request_waits_for_a_running_batch_instead_of_running_besid
     await late
     assert backend.calls == [2, 1]
     await batcher.close()
+
+
+@pytest.mark.parametrize("flat_step", [True, False])
+async def test_on_a_flat_step_device_two_cohorts_out_of_phase_join_into_one_batch(flat_step):
+    """Cohorts A and B of 4 rows each, each submitting again 5 ms after its answer: B arrives while A's batch runs.
+    A device whose step takes the same time at any batch size waits (within the queue delay) for A to come back and
+    runs the two as one batch from then on; on a CPU (flat_step off) they keep alternating half batches."""
+    backend = SlowBackend(0.02)
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.05,
+                             flat_step=flat_step)
+    rng = np.random.default_rng()
+
+    async def cohort(delay: float) -> None:
+        await asyncio.sleep(delay)
+        for _ in range(6):
+            await asyncio.gather(*(batcher.submit({"x": rng.standard_normal((1, 4, 3)).astype(np.float32)})
+                                   for _ in range(4)))
+            await asyncio.sleep(0.005)
+
+    await asyncio.gather(cohort(0.0), cohort(0.008))
+    await batcher.close()
+    if flat_step:
+        assert backend.calls[1:6] == [8] * 5, backend.calls
+    else:
+        assert max(backend.calls) == 4, backend.calls

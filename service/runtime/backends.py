@@ -22,6 +22,7 @@ import numpy as np
 
 from models.onnx_fp16 import to_float16
 from service.devices import DeviceConfigError, device_index, torch_dtype
+from service.runtime.device_states import STATE_HANDLE, DeviceStates
 
 BACKENDS = ("onnx", "torchscript", "torch")
 
@@ -155,6 +156,12 @@ class OnnxBackend:
         self.output_names = [spec["name"] for spec in graph["outputs"]]
 
     def run(self, inputs: Mapping[str, np.ndarray], keep: Collection[str] = ()) -> dict[str, np.ndarray]:
+        outputs = self._run(inputs, keep)
+        if STATE_HANDLE in inputs:  # ONNX Runtime keeps no state on the device: every row's is copied each step
+            outputs[STATE_HANDLE] = np.zeros(np.asarray(inputs[STATE_HANDLE]).reshape(-1).shape[0], dtype=np.int64)
+        return outputs
+
+    def _run(self, inputs: Mapping[str, np.ndarray], keep: Collection[str] = ()) -> dict[str, np.ndarray]:
         arrays = _coerce(inputs, self.input_specs)
         if not self.io_binding:
             feed = {spec["name"]: array for spec, array in zip(self.input_specs, arrays, strict=True)}
@@ -192,7 +199,15 @@ class _TorchModuleBackend:
 
     name = "torch"
 
-    def __init__(self, module: Any, graph: Mapping[str, Any], device: str = "cpu", precision: str = "fp32") -> None:
+    def __init__(self, module: Any, graph: Mapping[str, Any], device: str = "cpu", precision: str = "fp32",
+                 mode: str = "eager", largest_batch: int = 32, capture: Any = None,
+                 device_states: DeviceStates | None = None) -> None:
+        """``mode``: eager, graphs (captured CUDA graphs per batch bucket up to ``largest_batch``) or compile
+        (:mod:`service.runtime.step_graphs`); ``capture``: the graphs' capture function (default: CUDA's);
+        ``device_states``: where the rows' next states are kept on the device for callers that pass
+        :data:`STATE_HANDLE` (:mod:`service.runtime.device_states`; None: never kept)."""
+        self.state_outputs: dict[str, str] = dict(graph.get("state_outputs") or {})  # state input -> its output
+        self.device_states = device_states if self.state_outputs else None
         self.device, self.precision = device, precision
         self.dtype = torch_dtype(precision)
         self.module = module.to(device=device, dtype=self.dtype) if precision != "fp32" else module.to(device)
@@ -201,6 +216,26 @@ class _TorchModuleBackend:
         self.output_names = [spec["name"] for spec in graph["outputs"]]
         self.copies_to_device = device != "cpu"  # on the CPU a tensor is a view of the array, nothing to keep
         self.device_copies = DeviceCopies(self._to_device)
+        self.mode, self.graphs = mode, None
+        self.call: Any = self.module
+        if mode == "graphs":
+            from service.runtime.step_graphs import StepGraphs, cuda_capture
+
+            self.call = self.graphs = StepGraphs(self.module, largest_batch, capture or cuda_capture)
+            self.providers.append("CUDA graphs")
+        elif mode == "compile":
+            from service.runtime.step_graphs import PaddedCompile
+
+            self.call = PaddedCompile(self.module, largest_batch)
+            self.providers.append("torch.compile")
+
+    def warm(self, sample: Any) -> None:
+        """Capture every batch bucket now on ``sample(rows)`` (host tensors), not at the first batches served."""
+        if self.graphs is not None:
+            import torch
+
+            with torch.inference_mode():
+                self.graphs.warm(lambda rows: [self._to_device(t.numpy()) for t in sample(rows)])
 
     def _to_device(self, array: np.ndarray) -> Any:
         import torch
@@ -213,20 +248,48 @@ class _TorchModuleBackend:
         import torch
 
         arrays = _coerce(inputs, self.input_specs)
-        if self.copies_to_device:
-            tensors = [self.device_copies.get(spec["name"], inputs[spec["name"]], array) if spec["name"] in keep
-                       else self._to_device(array) for spec, array in zip(self.input_specs, arrays, strict=True)]
-        else:
-            tensors = [self._to_device(array) for array in arrays]
+        handles = inputs.get(STATE_HANDLE)
+        resident = None  # the rows' states where their last step left them, when every row's is kept
+        if handles is not None and self.device_states is not None:
+            resident = self.device_states.stacked(np.asarray(handles), list(self.state_outputs))
+        tensors = []
+        for spec, array in zip(self.input_specs, arrays, strict=True):
+            name = spec["name"]
+            if resident is not None and name in resident:
+                tensors.append(resident[name])
+            elif self.copies_to_device and name in keep:
+                tensors.append(self.device_copies.get(name, inputs[name], array))
+            else:
+                tensors.append(self._to_device(array))
         with torch.inference_mode():
-            outputs = self.module(*tensors)
-        return {
-            name: (tensor.float() if tensor.is_floating_point() else tensor).cpu().numpy()
-            for name, tensor in zip(self.output_names, outputs, strict=True)
-        }
+            outputs = self.call(*tensors)
+            # a captured graph's outputs are its static buffers, overwritten by the next call: copied out here (to
+            # the host from a GPU; on a CPU, where .cpu() is the tensor itself, by a copy)
+            copy = self.graphs is not None and not self.copies_to_device
+            host = {name: _host(tensor, copy) for name, tensor in zip(self.output_names, outputs, strict=True)}
+            if handles is not None:
+                host[STATE_HANDLE] = self._keep_states(dict(zip(self.output_names, outputs, strict=True)),
+                                                       np.asarray(handles), resident is not None)
+        return host
+
+    def _keep_states(self, outputs: Mapping[str, Any], handles: np.ndarray, reused: bool) -> np.ndarray:
+        """The batch's next states kept on the device, a handle per row (0s when none are kept); the handles the
+        batch came with are dropped: their states have moved on."""
+        rows = int(handles.reshape(-1).shape[0])
+        if self.device_states is None:
+            return np.zeros(rows, dtype=np.int64)
+        if reused:
+            self.device_states.forget(handles)
+        return self.device_states.keep({state: outputs[out] for state, out in self.state_outputs.items()}, rows)
 
     def drop_kept(self) -> None:
         self.device_copies.clear()
+
+
+def _host(tensor: Any, copy: bool) -> np.ndarray:
+    """A float32 (floating) or same-dtype numpy array of ``tensor``, on the host."""
+    host = (tensor.float() if tensor.is_floating_point() else tensor).cpu().numpy()
+    return host.copy() if copy else host
 
 
 class TorchScriptBackend(_TorchModuleBackend):
@@ -257,10 +320,15 @@ def load_backends(
     device: str = "cpu",
     precision: str = "fp32",
     spinning: bool = False,
+    step_mode: str = "auto",
+    max_batch_size: int = 32,
+    device_state_bytes: int = 0,
 ) -> dict[str, Backend]:
     """One backend per graph of the entry on a resolved ``device`` ("cpu", "cuda:N") in ``precision``;
     ``intra_op_threads`` > 0 caps each graph's CPU threads (0: each graph's own from its manifest, ONNX Runtime's
-    default where it names none); ``spinning`` lets ONNX Runtime's busy-wait.
+    default where it names none); ``spinning`` lets ONNX Runtime's busy-wait; ``step_mode`` (torch on CUDA: auto,
+    eager, graphs, compile) and ``max_batch_size``, the largest batch bucket: :mod:`service.runtime.step_modes`;
+    ``device_state_bytes``: the bound of the states kept on a CUDA device (:mod:`service.runtime.device_states`).
 
     An entry exported in fp16 (``rtserve export --fp16``: float16 inputs, outputs and state) runs as
     it is, in fp16, whether ``precision`` says fp32 (the default) or fp16.
@@ -280,12 +348,8 @@ def load_backends(
 
         torch.set_num_threads(intra_op_threads)  # process-wide for torch
     if backend == "torch":
-        from models.serving.servable import build_servable
-
-        servable = build_servable(entry / "checkpoint", name=manifest["name"])
-        return {
-            g["name"]: TorchBackend(servable.graph(g["name"]).module, g, device, precision) for g in manifest["graphs"]
-        }
+        return torch_backends(entry, manifest, device, precision, step_mode, max_batch_size,
+                              device_states_on(device, device_state_bytes))
     loaded: dict[str, Backend] = {}
     for graph in manifest["graphs"]:
         file_name = graph["files"].get(backend)
@@ -299,4 +363,44 @@ def load_backends(
             )
         else:
             loaded[graph["name"]] = TorchScriptBackend(entry / file_name, graph, device, precision)
+    return loaded
+
+
+_DEVICE_STATES: dict[str, DeviceStates] = {}
+
+
+def device_states_on(device: str, max_bytes: int) -> DeviceStates | None:
+    """The one table of kept states of a CUDA ``device`` in this process (every model's graphs share its bound);
+    None on a CPU, where a state's tensor is a view of its host array and nothing is copied to keep."""
+    if not device.startswith("cuda") or max_bytes <= 0:
+        return None
+    table = _DEVICE_STATES.setdefault(device, DeviceStates(max_bytes))
+    table.max_bytes = max_bytes
+    return table
+
+
+def torch_backends(entry: Path, manifest: Mapping[str, Any], device: str, precision: str, step_mode: str = "auto",
+                   max_batch_size: int = 32, device_states: DeviceStates | None = None) -> dict[str, Backend]:
+    """Eager PyTorch graphs rebuilt from the entry's checkpoint, each in the mode chosen for it on ``device``
+    (:func:`service.runtime.step_modes.choose`); captured graphs are captured for every bucket here, at load."""
+    import logging
+
+    import torch
+
+    from models.serving.servable import build_servable
+    from service.runtime.step_modes import choose, read_record
+
+    servable = build_servable(entry / "checkpoint", name=manifest["name"])
+    record = read_record(entry)
+    loaded: dict[str, Backend] = {}
+    for spec in manifest["graphs"]:
+        graph = servable.graph(spec["name"])
+        choice = choose(step_mode, spec, device, record)
+        backend = TorchBackend(graph.module, spec, device, precision, choice.mode, max_batch_size,
+                               device_states=device_states)
+        if choice.mode == "graphs":
+            generator = torch.Generator().manual_seed(0)
+            backend.warm(lambda rows, graph=graph, generator=generator: graph.sample_inputs(rows, generator))
+        logging.getLogger(__name__).info("%s %s: %s (%s)", manifest["name"], spec["name"], choice.mode, choice.why)
+        loaded[spec["name"]] = backend
     return loaded

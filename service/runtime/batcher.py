@@ -28,6 +28,16 @@ runs on the event loop at once, as the policy would have run it, since the hops
 to the worker's thread and back cost more CPU than the step itself. With other
 requests in flight every call goes through the queue, so that theirs can join
 it.
+
+On a device whose step costs about the same at any batch size (a GPU:
+``flat_step``, by default where the backend's device is CUDA), the company a
+batch expects also counts the rows that arrived while the previous batch ran:
+two cohorts out of phase (two front ends' frames, two sessions alternating)
+each find the worker busy with the other, and without this would alternate
+half-full batches for ever; with it the second waits (within
+``max_queue_delay`` of its arrival) for the first to come back, and the two
+run as one batch from then on. On a CPU, where a batch's time grows with its
+rows, holding the worker idle would only lose time, and the rule stays off.
 """
 
 from __future__ import annotations
@@ -72,10 +82,14 @@ class DynamicBatcher(GraphRunner):
         metrics: ServiceMetrics | None = None,
         policy: BatchingPolicy | None = None,
         alone: Callable[[], bool] | None = None,
+        flat_step: bool | None = None,
     ) -> None:
         """``alone``: for a light graph, whether the caller's request is the only one in flight; its call then
-        runs on the event loop (the module's docstring). None: every call goes through the worker."""
+        runs on the event loop (the module's docstring). None: every call goes through the worker. ``flat_step``:
+        whether a batch costs about the same at any size (None: where the backend's device is CUDA)."""
         super().__init__(backend, model, graph, max_batch_size, metrics)
+        self.flat_step = str(getattr(backend, "device", "cpu")).startswith("cuda") if flat_step is None else flat_step
+        self._last_span = (0.0, 0.0)  # when the previous batch started and ended (perf_counter)
         self.policy: BatchingPolicy = policy or ContinuousBatching(max_queue_delay_seconds)
         self.alone = alone
         self._queue: deque[_Pending] = deque()
@@ -133,13 +147,21 @@ class DynamicBatcher(GraphRunner):
                 self._running = False
 
     async def _wait_until_ready(self) -> None:
-        while (remaining := self.policy.run_at(self._queue, self._last_rows, self.max_batch_size)
+        while (remaining := self.policy.run_at(self._queue, self._expected(), self.max_batch_size)
                - time.perf_counter()) > 0:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
             except TimeoutError:
                 return
+
+    def _expected(self) -> int:
+        """The rows the next batch expects: the previous batch's, and on a flat-step device also the rows that
+        arrived while it ran (the module's docstring)."""
+        if not self.flat_step:
+            return self._last_rows
+        started, ended = self._last_span
+        return self._last_rows + sum(p.rows for p in self._queue if started <= p.enqueued < ended)
 
     async def _execute(self, batch: list[_Pending]) -> None:
         live = [pending for pending in batch if not pending.future.done()]  # a cancelled caller is skipped
@@ -151,6 +173,7 @@ class DynamicBatcher(GraphRunner):
             stacked = {name: np.concatenate([p.inputs[name] for p in live], axis=0) for name in live[0].inputs}
             rows = sum(p.rows for p in live)
         self._last_rows = rows
+        started = time.perf_counter()
         try:
             outputs = await self._run_batch(stacked, rows, [pending.enqueued for pending in live])
         except Exception as error:  # the whole batch failed: every caller learns why
@@ -158,6 +181,8 @@ class DynamicBatcher(GraphRunner):
                 if not pending.future.done():
                     pending.future.set_exception(error)
             return
+        finally:
+            self._last_span = (started, time.perf_counter())
         if len(live) == 1:
             if not live[0].future.done():
                 live[0].future.set_result(outputs)

@@ -17,7 +17,9 @@ its fixed inputs and its state: the decode loop's ``generate``; greedy searches 
 back as they grow) and ``cancel``; the engine answers ``result`` or ``error`` (the error's type and
 message: an :class:`InputError` stays a 422 with its field, anything else is raised again in the front
 end as the same builtin type where it is one). Every request carries an id, so a front end has any
-number of calls in flight on its one connection. When the socket breaks, every call in flight fails
+number of calls in flight on its one connection. A ``step`` frame holds the rows of every step its front end
+submitted in one turn of its loop (:class:`~service.runtime.engine_client.StepFrames`): the batcher takes it as one
+call of that many rows, and one ``result`` frame answers it. When the socket breaks, every call in flight fails
 with :class:`EngineUnavailable` (a 503; a piece's retry is safe, as after any 503).
 """
 
@@ -28,7 +30,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from service.runtime.engine_wire import FIXED, STATE, VOCAB, error_header, pack, read_frame, search_from, unpack
+import numpy as np
+
+from service.runtime.engine_wire import (
+    FIXED,
+    STATE,
+    VOCAB,
+    error_header,
+    frame_rows,
+    pack,
+    read_frame,
+    search_from,
+    unpack,
+)
 
 
 class Engine:
@@ -36,12 +50,13 @@ class Engine:
 
     def __init__(self, registry: Any) -> None:
         self.registry = registry
-        self.calls_in_flight = 0  # steps and searches of every front end, being served
+        self.calls_in_flight = 0  # step frames and searches of every front end, being served
+        self.rows_in_flight = 0  # their rows (a search counts one)
 
     def alone(self) -> bool:
-        """Whether the call being served is the engine's only one in flight: a light graph's step then runs on the
-        event loop (:mod:`service.runtime.batcher`), as a lone request's does in one process."""
-        return self.calls_in_flight == 1
+        """Whether the call being served is the engine's only one in flight, of one row: a light graph's step then
+        runs on the event loop (:mod:`service.runtime.batcher`), as a lone request's does in one process."""
+        return self.rows_in_flight == 1
 
     def describe(self) -> dict[str, Any]:
         """What a front end shows of each model (GET /models) and cannot learn from the manifest."""
@@ -64,10 +79,12 @@ class Engine:
                         calls[call].cancel()
                     continue
                 run = self._step if header["kind"] == "step" else self._generate
+                rows = frame_rows(header) if header["kind"] == "step" else 1
                 task = asyncio.create_task(run(header, body, writer))
                 calls[call] = task
                 self.calls_in_flight += 1
-                task.add_done_callback(lambda _, call=call: self._done(calls, call))
+                self.rows_in_flight += rows
+                task.add_done_callback(lambda _, call=call, rows=rows: self._done(calls, call, rows))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end left: its calls are dropped (a decode search leaves the batch at the next step)
         finally:
@@ -75,21 +92,36 @@ class Engine:
                 task.cancel()
             writer.close()
 
-    def _done(self, calls: dict[int, asyncio.Task[None]], call: int) -> None:
+    def _done(self, calls: dict[int, asyncio.Task[None]], call: int, rows: int) -> None:
         calls.pop(call, None)
         self.calls_in_flight -= 1
+        self.rows_in_flight -= rows
 
     def _runner(self, header: Mapping[str, Any]) -> Any:
         return self.registry.models[header["model"]].batchers[header["graph"]]
 
     async def _step(self, header: Mapping[str, Any], body: bytearray, writer: asyncio.StreamWriter) -> None:
         try:
-            outputs = await self._runner(header).submit(unpack(header["arrays"], body))
+            outputs = await self._submit(self._runner(header), unpack(header["arrays"], body))
             frame = pack({"kind": "result", "id": header["id"]}, outputs)
         except Exception as error:  # the front end raises it again
             frame = pack({"kind": "error", "id": header["id"], **error_header(error)})
         if not writer.is_closing():
             writer.write(frame)
+
+    @staticmethod
+    async def _submit(runner: Any, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A frame's rows through the graph's batcher: as one call, or in parts of at most its largest batch (a front
+        end's frames are no larger; a batch never is)."""
+        rows = next(iter(inputs.values())).shape[0] if inputs else 0
+        limit = runner.max_batch_size
+        if rows <= limit:
+            result: dict[str, np.ndarray] = await runner.submit(inputs)
+            return result
+        parts = await asyncio.gather(*(runner.submit({name: array[start : start + limit]
+                                                     for name, array in inputs.items()})
+                                       for start in range(0, rows, limit)))
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     async def _generate(self, header: Mapping[str, Any], body: bytearray, writer: asyncio.StreamWriter) -> None:
         call = header["id"]

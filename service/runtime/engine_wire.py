@@ -54,6 +54,12 @@ def unpack(specs: list[list[Any]], body: bytearray) -> dict[str, np.ndarray]:
     return arrays
 
 
+def frame_rows(header: Mapping[str, Any]) -> int:
+    """Rows of a step frame: the batch axis of its first array (every array of a step shares it)."""
+    specs = header.get("arrays") or []
+    return int(specs[0][2][0]) if specs and specs[0][2] else 1
+
+
 async def read_frame(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytearray]:
     head_bytes, body_bytes = FRAME.unpack(await reader.readexactly(FRAME.size))
     header = orjson.loads(await reader.readexactly(head_bytes))

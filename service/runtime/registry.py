@@ -137,10 +137,11 @@ def load_model(
     if engine is not None:
         return front_end_model(entry, manifest, record, settings, f"{name}:{version}", engine, metrics)
     device, precision = placement(name, backend, settings)
-    backends = load_backends(entry, manifest, backend, settings.intra_op_threads, device, precision,
-                             spinning=settings.intra_op_spinning)
-    precision = next(iter(backends.values())).precision  # an entry exported in fp16 runs in fp16
     max_batch_size = settings.batch_size_for(name, device)
+    backends = load_backends(entry, manifest, backend, settings.intra_op_threads, device, precision,
+                             spinning=settings.intra_op_spinning, step_mode=settings.step_mode_for(name),
+                             max_batch_size=max_batch_size, device_state_bytes=settings.device_state_bytes)
+    precision = next(iter(backends.values())).precision  # an entry exported in fp16 runs in fp16
     policy = ContinuousBatching(settings.max_queue_delay_ms / 1000)
     runners: dict[str, DynamicBatcher | DecodeLoop] = {}
     for graph in manifest["graphs"]:

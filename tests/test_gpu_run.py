@@ -1,0 +1,51 @@
+"""The GPU run's rehearsal on a CPU: benchmarks/gpu_run.sh --device cpu --quick, from a carry built by
+benchmarks/gpu_carry.py out of the tiny models, ends in time with every step ok and the report written, so that the
+GPU host's first minute is not spent on a typo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_bench_closed_loop import forecast_variables, synthetic_ett
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+REHEARSAL_SECONDS = 240
+
+
+@pytest.mark.slow
+def test_the_gpu_run_rehearses_on_the_cpu_in_time_with_every_step_ok(tiny_models, tmp_path):
+    repository = tiny_models.repository("rsa-tiny", "rmt-tiny")
+    data = synthetic_ett(tmp_path / "data", forecast_variables(tiny_models.repository("rsa-tiny")))
+    if (SHARED_DATA / "hyperpartisan").is_dir():
+        (data / "hyperpartisan").symlink_to(SHARED_DATA / "hyperpartisan")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RTSERVE_")} | {"PYTHONPATH": str(ROOT)}
+    carry = tmp_path / "carry"
+    built = subprocess.run([sys.executable, "benchmarks/gpu_carry.py", "--out", str(carry), "--profile", "none",
+                            "--models", "rsa-tiny,rmt-tiny", "--model-repository", str(repository), "--data",
+                            str(data)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    assert (carry / "repository" / "rsa-tiny").is_dir() and "MiB in all" in built.stdout
+    started = time.monotonic()
+    run = subprocess.run(["bash", "benchmarks/gpu_run.sh", "--device", "cpu", "--quick", "--carry", str(carry),
+                          "--workers", "2"], cwd=ROOT, env=env | {"OUT": str(tmp_path / "out"),
+                                                                  "PYTHON": sys.executable},
+                         capture_output=True, text=True, timeout=REHEARSAL_SECONDS)
+    seconds = time.monotonic() - started
+    report = tmp_path / "out" / "docs" / "bench-h200"
+    summary = (report / "README.md").read_text()
+    assert run.returncode == 0, summary + run.stderr[-3000:]
+    assert "FAILED" not in summary, summary
+    assert seconds < REHEARSAL_SECONDS
+    for name in ("step-modes.md", "workers-1.md", "workers-1.json", "workers-2.md", "workers-2.json"):
+        assert (report / name).is_file(), name
+    assert "Capacity sweep" in (report / "workers-2.md").read_text()
+    assert "rsa-tiny" in (report / "step-modes.md").read_text()
+    assert "missing imports: none" in summary and "Whole run:" in summary and "Targets" in summary
+    assert "| 2 | rsa-tiny:1 |" in summary  # the targets read off the reports
