@@ -46,6 +46,21 @@ def test_codec_round_trip_keeps_dtype_shape_and_values():
         np.testing.assert_array_equal(decoded[name], array)
 
 
+def test_codec_bytes_are_what_safetensors_writes():
+    """The codec's own call of safetensors' serializer writes what ``safetensors.numpy.save`` writes: every dtype, a
+    0-d array, an empty one, a transposed (not C-contiguous) one, a big-endian one, with and without metadata."""
+    from safetensors.numpy import save
+
+    rng = np.random.default_rng()
+    cases = [_random_state(rng), {"t": rng.standard_normal((3, 5)).T, "scalar": np.array(2.5, dtype=np.float32),
+                                  "empty": np.zeros((0, 4), np.float16)},
+             {"big": np.arange(6, dtype=">f4").reshape(2, 3)}]
+    for arrays in cases:
+        for metadata in (None, {"model": "rmt"}):
+            contiguous = {name: np.require(value, requirements="C") for name, value in arrays.items()}
+            assert encode_tensors(arrays, metadata) == save(contiguous, metadata=metadata)
+
+
 def test_codec_bytes_are_not_pickle():
     payload = encode_tensors({"x": np.arange(3, dtype=np.int64)})
     header_length = int.from_bytes(payload[:8], "little")

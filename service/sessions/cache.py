@@ -13,7 +13,7 @@ The kept states are bounded in bytes (``RTSERVE_STATE_CACHE_BYTES``): past it, t
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,10 +28,10 @@ class Kept:
     result: dict[str, Any]  # that piece's result (a retry of it is answered with it, after a check in Redis)
     indexes_touched: float  # time.time() at which this replica last moved the session's index entries
     pins: int = 0  # open streams holding the entry
+    nbytes: int = field(init=False)  # the state's bytes, counted against the cache's bound
 
-    @property
-    def nbytes(self) -> int:
-        return sum(array.nbytes for array in self.state.values())
+    def __post_init__(self) -> None:
+        self.nbytes = sum(array.nbytes for array in self.state.values())
 
 
 class StateCache:

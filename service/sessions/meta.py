@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import secrets
 import time
@@ -73,7 +72,6 @@ class SessionMeta:
                     chunk_bytes: int, ttl_seconds: float) -> SessionMeta:
         """The meta a commit of piece ``seq`` wrote (it applied only if this meta was current: compare-and-set)."""
         chunks = self.chunk_bytes + chunk_bytes
-        return dataclasses.replace(
-            self, seq=seq, piece_sha=piece_sha, consumed=self.consumed + units_read, segments=self.segments + segments,
-            state_bytes=state_bytes + chunks, chunk_bytes=chunks, expires=time.time() + ttl_seconds,
-        )
+        return SessionMeta(self.id, self.model, self.task, self.owner, self.quota, seq, self.created, self.deadline,
+                           self.consumed + units_read, self.segments + segments, state_bytes + chunks, piece_sha,
+                           self.status, time.time() + ttl_seconds, self.epoch, chunks)
