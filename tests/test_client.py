@@ -433,6 +433,42 @@ def test_a_stream_answer_lost_on_the_way_back_is_sent_again_and_answered_replaye
     assert final["session"]["seq"] == 5 and final["session"]["consumed"] == 45  # each piece applied once
 
 
+class CutAfterTheFirstToken(Client):
+    """Drops the stream right after the first token frame of a finish, as a replica dying mid-summary would."""
+
+    cut = False
+
+    def _receive_frame(self, connection):
+        if self.cut is None:
+            self.cut = True
+            connection.close()
+            raise ConnectionClosedError(None, None)
+        frame = super()._receive_frame(connection)
+        if self.cut is False and json.loads(frame).get("event") == "token":
+            self.cut = None  # at the next frame
+        return frame
+
+
+@pytest.mark.parametrize("decoding", [{"decoding": "sentence"}, {"decoding": "free", "beam_size": 1}],
+                         ids=["a-sentence-then-cut-before-done", "free-cut-after-its-first-word"])
+def test_a_summary_finish_cut_mid_stream_goes_on_where_its_text_stopped(server, decoding):
+    """Sent again, the finish streams the summary from its start (generated again, or the stored one as one token):
+    the caller gets the rest of it."""
+    url, _ = server
+    with Client(url, api_key=KEY) as client:
+        whole = client.summarize(TEXT, max_length=24, **decoding)
+    with CutAfterTheFirstToken(url, api_key=KEY, backoff=0.01) as client, client.session(task="summarize") as session:
+        for start in range(0, len(TEXT), 150):
+            session.send(text=TEXT[start : start + 150])
+        stream = session.finish_stream(max_length=24, **decoding)
+        pieces = list(stream)
+    assert client.cut and session.reconnects == Counter({"dropped": 1})
+    assert "".join(pieces) == stream.result["summary"] == whole["summary"]  # the text once, none of it twice
+    assert stream.result["session"]["status"] == "finished"
+    if decoding["decoding"] == "free":
+        assert len(pieces) > 2, pieces  # the cut came mid-summary
+
+
 def test_a_stream_rides_out_its_replica_draining_and_starting_again(forecast_repository, redis_url):
     """One replica: SIGTERM closes the stream (1012), upgrades are refused while it drains (503), then nothing
     listens until it is back on its port; the client waits it out and resumes."""
