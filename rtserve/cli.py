@@ -396,6 +396,17 @@ def _forecast(argv: Sequence[str]) -> int:
     return 0
 
 
+def _how_sent(session: Any) -> str:
+    """``over its stream`` (with the reconnects it took, by reason) or ``over HTTP``."""
+    if session.transport == "http":
+        return "over HTTP"
+    reconnects = session.reconnects
+    if not reconnects:
+        return "over its stream"
+    reasons = ", ".join(f"{count} x {reason}" for reason, count in reconnects.most_common())
+    return f"over its stream ({sum(reconnects.values())} reconnects: {reasons})"
+
+
 def _session(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="rtserve session", formatter_class=HelpFormatter,
                                      description="Sessions: stream a long input piece by piece, or manage one.")
@@ -403,8 +414,10 @@ def _session(argv: Sequence[str]) -> int:
     stream = verbs.add_parser(
         "stream", help="send a file through a new session in pieces, then finish", formatter_class=HelpFormatter,
         parents=[_client_parser("rtserve session", "", add_help=False, model="the task's default model")],
-        description="Send a file through a new session in pieces, then finish it and print the final answer. A CSV "
-        "file's columns are matched to the forecaster's variables as `rtserve forecast` matches them.")
+        description="Send a file through a new session in pieces, then finish it and print the final answer. The "
+        "pieces go over the session's stream (a WebSocket that reconnects and resumes by itself when its replica "
+        "restarts or Redis is briefly away), or one HTTP request each with --transport http. A CSV file's columns are "
+        "matched to the forecaster's variables as `rtserve forecast` matches them.")
     stream.add_argument("file", help="UTF-8 text file (classify, summarize) or CSV file (forecast), - for stdin")
     stream.add_argument("--task", choices=["classify", "summarize", "forecast"],
                         help="the task (default: the --model's)")
@@ -412,6 +425,9 @@ def _session(argv: Sequence[str]) -> int:
     stream.add_argument("--piece-rows", type=_positive, default=24, metavar="N", help="rows per piece (CSV)")
     stream.add_argument("--columns", metavar="A,B,...", help="forecasts: " + COLUMNS_HELP)
     stream.add_argument("--stream", action="store_true", help="summaries: print the summary as it is generated")
+    stream.add_argument("--transport", choices=["stream", "http"], default="stream",
+                        help="how the pieces travel: the session's stream (a WebSocket; it reconnects and resumes by "
+                        "itself, and falls back to HTTP where the service does not offer it) or one HTTP request each")
     for verb_name, says in (("status", "where a session stands"), ("finish", "finish a session: the final answer"),
                             ("delete", "delete a session")):
         verb = verbs.add_parser(verb_name, help=says, description=says[0].upper() + says[1:] + ".",
@@ -434,14 +450,15 @@ def _session(argv: Sequence[str]) -> int:
                 rows = _forecast_rows(table or _read_table(content, source), described, args.columns, None)
             elif args.columns:
                 raise CommandError(f"--columns names a CSV file's columns, for forecasts; this is a {task} session")
-            with client.session(task=args.task, model=_ref(described) if described else None) as session:
+            with client.session(task=args.task, model=_ref(described) if described else None,
+                                transport=args.transport) as session:
                 if task == "forecast":
                     for start in range(0, len(rows), args.piece_rows):
                         session.send(rows=rows[start : start + args.piece_rows])
                 else:
                     for start in range(0, len(content), args.piece_chars):
                         session.send(text=content[start : start + args.piece_chars])
-                print(f"session {session.id}: {session.seq} pieces sent", file=sys.stderr)
+                print(f"session {session.id}: {session.seq} pieces sent {_how_sent(session)}", file=sys.stderr)
                 if args.stream and task == "summarize":
                     _print_stream(session.finish_stream())
                 else:

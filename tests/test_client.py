@@ -1,16 +1,26 @@
 """rtserve.client and the CLI's client verbs against a real `rtserve serve` process, which also writes
-JSON logs with an access log: every line is JSON, carries its request id, and names route templates, never ids."""
+JSON logs with an access log: every line is JSON, carries its request id, and names route templates, never ids.
+
+A session's pieces over its stream (the default) and over HTTP give the same answers and errors, with the client and
+with the CLI; a stream answer lost on the way back is answered again, replayed; a stream rides out its replica
+draining and starting again; a service without streams gets the pieces over HTTP."""
 
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 
 import httpx
 import numpy as np
 import pytest
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosedError, InvalidStatus
+from websockets.http11 import Response
 
 from loadtest.chaos import free_port
 from rtserve.client import APIError, AsyncClient, Client
@@ -106,7 +116,7 @@ def test_session_numbers_pieces_and_a_lost_answer_is_retried_exactly_once(server
     pieces = [TEXT[i : i + 97] for i in range(0, len(TEXT), 97)]
     with Client(url, api_key=KEY, transport=transport, backoff=0.01) as client:
         whole = client.classify(TEXT)
-        with client.session(task="classify") as session:
+        with client.session(task="classify", transport="http") as session:
             answers = [session.send(text=piece) for piece in pieces]
             final = session.finish()
     assert transport.sent == len(pieces) + 2  # the first piece went out three times ...
@@ -171,7 +181,7 @@ def test_cli_verbs(server, tmp_path):
 def test_server_logs_are_json_with_request_ids_and_route_templates(server):
     url, log = server
     with Client(url, api_key=KEY) as client:
-        session = client.session(task="forecast")
+        session = client.session(task="forecast", transport="http")
         session.send(rows=rows(3))
         session.status()
     response = httpx.get(f"{url}/sessions/{session.id}", headers={"X-API-Key": KEY, "X-Request-ID": "trace-42"})
@@ -283,3 +293,294 @@ def test_streamed_summary_says_how_much_of_the_document_was_read(server, tmp_pat
     assert not whole["truncated"]
     assert cli(url, "summarize", str(short), "--stream").stderr.splitlines() == [
         f"(read all {whole['tokens_total']:,} tokens)"]
+
+
+# ---- a session's stream ---------------------------------------------------------------------------------------
+
+
+def pieces_of(task):
+    if task == "forecast":
+        return [{"rows": rows(9)} for _ in range(5)]
+    return [{"text": TEXT[start : start + 97]} for start in range(0, len(TEXT), 97)]
+
+
+def assert_same(got, expected, where="answer"):
+    """The same JSON, numbers to float tolerance (another batch may add in another order)."""
+    if isinstance(expected, dict):
+        assert isinstance(got, dict) and got.keys() == expected.keys(), where
+        for key in expected:
+            assert_same(got[key], expected[key], f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert isinstance(got, list) and len(got) == len(expected), where
+        for index, (item, wanted) in enumerate(zip(got, expected, strict=True)):
+            assert_same(item, wanted, f"{where}[{index}]")
+    elif isinstance(expected, float):
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6), where
+    else:
+        assert got == expected, where
+
+
+def without_session(answer):
+    return {key: value for key, value in answer.items() if key != "session"}
+
+
+@pytest.mark.parametrize("task", ["forecast", "classify", "summarize"])
+def test_a_session_over_its_stream_answers_as_over_http(server, task):
+    url, _ = server
+    pieces = pieces_of(task)
+    options = {"max_length": 20} if task == "summarize" else {}
+
+    def over(transport):
+        with Client(url, api_key=KEY) as client, client.session(task=task, transport=transport) as session:
+            answers = [session.send(**piece) for piece in pieces]
+            final = session.finish(**options)
+            assert session.transport == transport and not session.reconnects
+        return answers, final
+
+    async def over_the_stream_awaited():
+        async with AsyncClient(url, api_key=KEY) as client:
+            async with await client.session(task=task) as session:
+                answers = [await session.send(**piece) for piece in pieces]
+                if task != "summarize":
+                    return answers, await session.finish(**options)
+                stream = session.finish_stream(**options)  # token frames, then done
+                text = "".join([piece async for piece in stream])
+                assert text == stream.result["summary"]
+                return answers, stream.result
+
+    http_answers, http_final = over("http")
+    for answers, final in (over("stream"), asyncio.run(over_the_stream_awaited())):
+        assert [answer["replayed"] for answer in answers] == [False] * len(pieces)
+        assert [answer["session"]["seq"] for answer in answers] == list(range(1, len(pieces) + 1))
+        assert_same([answer["result"] for answer in answers], [answer["result"] for answer in http_answers])
+        assert_same(without_session(final), without_session(http_final))
+        assert final["session"]["status"] == "finished"
+        assert final["session"]["consumed"] == http_final["session"]["consumed"]
+
+
+def test_a_refused_piece_raises_the_same_error_over_the_stream_and_the_stream_goes_on(server):
+    url, _ = server
+    refused = {}
+    with Client(url, api_key=KEY) as client:
+        for transport in ("http", "stream"):
+            with client.session(task="forecast", transport=transport) as session:
+                with pytest.raises(APIError) as narrow:
+                    session.send(rows=[[1.0] * 3] * 4)
+                session.seq += 1  # a piece out of order
+                with pytest.raises(APIError) as gap:
+                    session.send(rows=rows(4))
+                session.seq -= 1
+                assert session.send(rows=rows(4))["session"]["seq"] == 1  # nothing refused was applied
+                assert not session.reconnects  # a 4xx leaves the stream open
+                refused[transport] = narrow.value, gap.value
+    for over_http, over_stream in zip(refused["http"], refused["stream"], strict=True):
+        assert (over_stream.status, over_stream.detail, over_stream.errors, over_stream.expected_seq) == (
+            over_http.status, over_http.detail, over_http.errors, over_http.expected_seq)
+        assert over_stream.request_id
+    assert refused["stream"][0].status == 422 and refused["stream"][1].expected_seq == 1
+
+
+def lost(frame, seq):
+    """Whether ``frame`` is the answer to piece ``seq`` (not the `open` frame, which also carries the session)."""
+    answer = json.loads(frame)
+    return "result" in answer and answer["session"]["seq"] == seq
+
+
+class LosesAnAnswer(Client):
+    """Loses the answer to piece ``seq`` once, as a connection that broke after the piece went out."""
+
+    seq = 3
+
+    def _receive_frame(self, connection):
+        frame = super()._receive_frame(connection)
+        if self.seq is not None and lost(frame, self.seq):
+            self.seq = None
+            connection.close()
+            raise ConnectionClosedError(None, None)
+        return frame
+
+
+class AsyncLosesAnAnswer(AsyncClient):
+    seq = 3
+
+    async def _receive_frame(self, connection):
+        frame = await super()._receive_frame(connection)
+        if self.seq is not None and lost(frame, self.seq):
+            self.seq = None
+            await connection.close()
+            raise ConnectionClosedError(None, None)
+        return frame
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_stream_answer_lost_on_the_way_back_is_sent_again_and_answered_replayed(server, kind):
+    url, _ = server
+    pieces = [rows(9) for _ in range(5)]
+
+    def sync():
+        with LosesAnAnswer(url, api_key=KEY, backoff=0.01) as client, client.session(task="forecast") as session:
+            return [session.send(rows=piece) for piece in pieces], session.finish(), session
+
+    async def awaited():
+        async with AsyncLosesAnAnswer(url, api_key=KEY, backoff=0.01) as client:
+            async with await client.session(task="forecast") as session:
+                return [await session.send(rows=piece) for piece in pieces], await session.finish(), session
+
+    answers, final, session = sync() if kind == "sync" else asyncio.run(awaited())
+    assert [answer["replayed"] for answer in answers] == [False, False, True, False, False]
+    assert session.reconnects == Counter({"dropped": 1}) and session.opened["seq"] == 3  # piece 3 was applied
+    assert answers[2]["session"]["seq"] == 3 and answers[2]["result"]["rows_seen"] == 27
+    assert final["session"]["seq"] == 5 and final["session"]["consumed"] == 45  # each piece applied once
+
+
+class CutAfterTheFirstToken(Client):
+    """Drops the stream right after the first token frame of a finish, as a replica dying mid-summary would."""
+
+    cut = False
+
+    def _receive_frame(self, connection):
+        if self.cut is None:
+            self.cut = True
+            connection.close()
+            raise ConnectionClosedError(None, None)
+        frame = super()._receive_frame(connection)
+        if self.cut is False and json.loads(frame).get("event") == "token":
+            self.cut = None  # at the next frame
+        return frame
+
+
+@pytest.mark.parametrize("decoding", [{"decoding": "sentence"}, {"decoding": "free", "beam_size": 1}],
+                         ids=["a-sentence-then-cut-before-done", "free-cut-after-its-first-word"])
+def test_a_summary_finish_cut_mid_stream_goes_on_where_its_text_stopped(server, decoding):
+    """Sent again, the finish streams the summary from its start (generated again, or the stored one as one token):
+    the caller gets the rest of it."""
+    url, _ = server
+    with Client(url, api_key=KEY) as client:
+        whole = client.summarize(TEXT, max_length=24, **decoding)
+    with CutAfterTheFirstToken(url, api_key=KEY, backoff=0.01) as client, client.session(task="summarize") as session:
+        for start in range(0, len(TEXT), 150):
+            session.send(text=TEXT[start : start + 150])
+        stream = session.finish_stream(max_length=24, **decoding)
+        pieces = list(stream)
+    assert client.cut and session.reconnects == Counter({"dropped": 1})
+    assert "".join(pieces) == stream.result["summary"] == whole["summary"]  # the text once, none of it twice
+    assert stream.result["session"]["status"] == "finished"
+    if decoding["decoding"] == "free":
+        assert len(pieces) > 2, pieces  # the cut came mid-summary
+
+
+def test_a_stream_rides_out_its_replica_draining_and_starting_again(forecast_repository, redis_url):
+    """One replica: SIGTERM closes the stream (1012), upgrades are refused while it drains (503), then nothing
+    listens until it is back on its port; the client waits it out and resumes."""
+    port = free_port()
+    settings = {"RTSERVE_MODEL_REPOSITORY": str(forecast_repository[0]), "RTSERVE_REDIS_URL": redis_url,
+                "RTSERVE_REDIS_KEY_PREFIX": f"client-restart-{os.getpid()}", "RTSERVE_SHUTDOWN_DRAIN_SECONDS": "0.3"}
+    url = f"http://127.0.0.1:{port}"
+    processes = [start_rtserve(settings, port)]
+
+    def start_again():
+        processes[0].wait(timeout=30)
+        processes.append(start_rtserve(settings, port))
+
+    pieces = [rows(9) for _ in range(6)]
+    again = threading.Thread(target=start_again)
+    try:
+        with Client(url, api_key="", retries=8, backoff=0.2) as client:
+            whole = client.forecast([row for piece in pieces for row in piece])
+            with client.session(task="forecast") as session:
+                for piece in pieces[:3]:
+                    session.send(rows=piece)
+                processes[0].send_signal(signal.SIGTERM)
+                while httpx.get(f"{url}/readyz").status_code != 503:  # draining: the stream was closed
+                    time.sleep(0.01)
+                again.start()
+                for piece in pieces[3:]:
+                    session.send(rows=piece)
+                final = session.finish()
+    finally:
+        if again.is_alive():
+            again.join()
+        for process in processes:
+            process.kill()
+            process.wait()
+    assert session.reconnects["closed 1012"] == 1 and len(processes) == 2, session.reconnects
+    assert session.opened["seq"] == 3 and final["session"]["consumed"] == 54
+    np.testing.assert_allclose(final["forecast"], whole["forecast"], rtol=1e-5, atol=1e-5)
+
+
+class NoStreams(Client):
+    """Its upgrades are refused as a service without streams refuses them (403), or a service behind a proxy that does
+    not pass WebSockets on (404 for the unknown route)."""
+
+    refusal = 403, b""
+    upgrades = 0
+
+    def _connect(self, path):
+        self.upgrades += 1
+        status, body = self.refusal
+        raise InvalidStatus(Response(status, "refused", Headers(), body))
+
+
+def mock_service(known=True):
+    """A service's session routes, mocked: pieces applied in order, ``known``: whether the session exists."""
+    seen = []
+
+    def answer(request):
+        seen.append(f"{request.method} {request.url.path}")
+        session = {"id": "s-1", "seq": 0, "status": "open"}
+        if request.url.path == "/sessions":
+            return httpx.Response(201, json=session)
+        if not known:
+            return httpx.Response(404, json={"detail": "session s-1 does not exist or has expired",
+                                             "request_id": "r-1"})
+        if request.url.path.endswith("/segments"):
+            seq = json.loads(request.content)["seq"]
+            return httpx.Response(200, json={"session": {**session, "seq": seq}, "replayed": False, "result": {}})
+        return httpx.Response(200, json=session)
+
+    return httpx.MockTransport(answer), seen
+
+
+@pytest.mark.parametrize("refusal", [(403, b""), (404, b'{"detail": "no route", "request_id": "r-0"}')],
+                         ids=["no-stream-route", "a-proxy-without-websockets"])
+def test_a_service_without_streams_gets_the_pieces_over_http(refusal):
+    transport, seen = mock_service()
+    with NoStreams("http://rtserve.test", transport=transport) as client:
+        client.refusal = refusal
+        with client.session(task="forecast") as session:
+            assert [session.send(rows=[[1.0] * 7])["session"]["seq"] for _ in range(2)] == [1, 2]
+        assert session.transport == "http" and client.streams_offered is False
+        later = client.session(task="forecast")  # the client remembers: no second upgrade
+        assert later.transport == "http" and later.send(rows=[[1.0] * 7])["session"]["seq"] == 1
+    assert client.upgrades == 1 and seen.count("POST /sessions/s-1/segments") == 3
+
+
+def test_an_unknown_session_is_told_over_the_stream_as_over_http():
+    transport, _ = mock_service(known=False)
+    with NoStreams("http://rtserve.test", transport=transport) as client:
+        client.refusal = 404, b'{"detail": "session s-1 does not exist or has expired", "request_id": "r-2"}'
+        session = client.session(task="forecast")
+        with pytest.raises(APIError) as error:
+            session.send(rows=[[1.0] * 7])
+    assert error.value.status == 404 and "does not exist" in error.value.detail
+    assert client.streams_offered is None  # not learnt: the session was unknown
+
+
+@pytest.mark.parametrize("task", ["forecast", "classify", "summarize"])
+def test_cli_session_stream_answers_alike_over_either_transport(server, tmp_path, task):
+    url, _ = server
+    if task == "forecast":
+        document = write_series(tmp_path / "series.csv", VARIABLES, rows(40))
+        cut = ["--piece-rows", "9"]
+    else:
+        document = tmp_path / "article.txt"
+        document.write_text(TEXT)
+        cut = ["--piece-chars", "150"]
+    over_http = cli(url, "session", "stream", str(document), "--task", task, *cut, "--transport", "http")
+    over_stream = cli(url, "session", "stream", str(document), "--task", task, *cut)  # the default
+    assert over_http.returncode == over_stream.returncode == 0, over_stream.stderr
+    assert "pieces sent over HTTP" in over_http.stderr and "pieces sent over its stream" in over_stream.stderr
+    assert_same(without_session(json.loads(over_stream.stdout)), without_session(json.loads(over_http.stdout)))
+    if task == "summarize":  # token frames printed as they come, as with Server-Sent Events
+        printed = cli(url, "session", "stream", str(document), "--task", task, *cut, "--stream")
+        assert printed.returncode == 0 and printed.stdout == json.loads(over_http.stdout)["summary"] + "\n"
