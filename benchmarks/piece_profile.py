@@ -1,7 +1,9 @@
 """Where the service's CPU per piece goes, layer by layer: py-spy samples of the serving process under load.
 
     .venv/bin/pip install py-spy
-    .venv/bin/python benchmarks/piece_profile.py --task forecast --sessions 32 [--model-repository ...]
+    .venv/bin/python benchmarks/piece_profile.py --task forecast --sessions 32 [--transport stream|http]
+
+The pieces go over HTTP (``POST /sessions/{id}/segments``) or over each session's stream (a WebSocket).
 
 Method: the service starts as ``rtserve bench`` starts it (the bench's embedded Redis); after a warm-up,
 ``py-spy record --pid --gil`` samples the thread holding the GIL while the bench's client sends RSA or
@@ -30,6 +32,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -39,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 # named layers: a sample belongs to the first of these found anywhere on its stack (outermost first)
 NAMED = [
     ("graph (ONNX Runtime)", re.compile(r"^run \(.*onnxruntime|OnnxBackend\.run|_coerce \(")),
-    ("lock keeper", re.compile(r"holding \(|keep \(.*sessions\.py|SessionStore\.refresh")),
+    ("lease keeper", re.compile(r"Leases\.")),
     ("digest", re.compile(r"piece_digest \(")),
-    ("state codec", re.compile(r"encode_tensors \(|decode_tensors \(|_state \(.*sessions\.py")),
+    ("state codec", re.compile(r"encode_tensors \(|decode_tensors \(|_state \(.*sessions/store\.py")),
     ("metrics", re.compile(r"prometheus_client|service/metrics\.py")),
     ("logging", re.compile(r"[(/]logging/|service/logs\.py")),
 ]
@@ -52,18 +55,19 @@ MODULES = [
                 r"_validate_|serialize_response|request_body_to_args|rows_to_array")),
     ("dependencies (FastAPI's solver, API key, owner)",
      re.compile(r"fastapi/dependencies|service/dependencies\.py|service/auth\.py|fastapi/security")),
-    ("routing and handler", re.compile(r"fastapi/routing|starlette/routing|service/routers|service/json_body|"
+    ("routing and handler", re.compile(r"fastapi/routing|starlette/routing|service/routers|service/fast_path|"
                                        r"starlette/requests|starlette/responses|starlette/_exception|"
                                        r"fastapi/applications|starlette/applications|starlette/datastructures")),
     ("middleware", re.compile(r"service/middleware\.py|service/shutdown\.py|starlette/middleware")),
     ("Redis client (redis-py, hiredis)", re.compile(r"[(/]redis/|hiredis")),
     ("batcher hand-off", re.compile(r"service/runtime/(batcher|graph_runner|batching)\.py|concurrent/futures|"
                                     r"threading\.py")),
-    ("session flow", re.compile(r"service/session_flow\.py|service/sessions\.py")),
+    ("session flow and store (kept states, commits)", re.compile(r"service/session_flow\.py|service/sessions/")),
     ("pipeline (forecast / classify, numpy, tokenizer)",
      re.compile(r"service/runtime/(forecast|classify|pipeline)\.py|[(/]models/|numpy|tokenizers")),
     ("JSON", re.compile(r"[(/]json/|orjson")),
-    ("HTTP server (uvicorn, httptools)", re.compile(r"uvicorn/|httptools")),
+    ("HTTP and WebSocket server (uvicorn, httptools, websockets)", re.compile(r"uvicorn/|httptools|[(/]websockets/|"
+                                                                             r"starlette/websockets")),
 ]
 EVENT_LOOP = "event loop (uvloop, asyncio)"
 
@@ -96,8 +100,23 @@ def main_thread_cpu_seconds(pid: int) -> float:
     return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
+async def stream_pieces(url: str, session_id: str, session: Any) -> None:
+    """A session's pieces over its stream: each piece frame, then its answer frame."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.ws_connect(
+            f"{url.replace('http', 'ws', 1)}/sessions/{session_id}/stream") as stream:
+        opened = await stream.receive_json()
+        assert opened["event"] == "open", opened
+        for seq, body in enumerate(session.pieces, start=1):
+            await stream.send_str(body.decode())
+            answer = await stream.receive_json()
+            if answer.get("event") == "error" or answer["session"]["seq"] != seq:
+                raise RuntimeError(f"piece {seq} over the stream: {str(answer)[:200]}")
+
+
 async def drive(url: str, task: str, sessions_count: int, repository: Path, data: Path, rounds: int,
-                pid: int, spy_out: Path, rate: int) -> tuple[Counter[str], float, float, int]:
+                pid: int, spy_out: Path, rate: int, transport: str) -> tuple[Counter[str], float, float, int]:
     from loadtest import bench_inputs as inputs
     from loadtest.harness import Client, tree_cpu_seconds
     from loadtest.sessions import close_session, open_session, send_pieces
@@ -117,12 +136,18 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
 
     chosen = sessions[:sessions_count] if sessions_count > 1 else sessions[:8]
 
+    async def one(session_id: str, session: Any) -> None:
+        if transport == "stream":
+            await stream_pieces(url, session_id, session)
+        else:
+            await send_pieces(client, session_id, session)
+
     async def send(ids: list[str]) -> int:
         if sessions_count > 1:
-            await asyncio.gather(*(send_pieces(client, i, s) for i, s in zip(ids, chosen, strict=True)))
+            await asyncio.gather(*(one(i, s) for i, s in zip(ids, chosen, strict=True)))
         else:
             for i, s in zip(ids, chosen, strict=True):
-                await send_pieces(client, i, s)
+                await one(i, s)
         return sum(len(s.pieces) for s in chosen)
 
     async def open_all(count: int) -> list[list[str]]:
@@ -155,6 +180,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--task", choices=("forecast", "classify"), default="forecast")
     parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--transport", choices=("http", "stream"), default="http",
+                        help="pieces as HTTP requests or over each session's stream")
     parser.add_argument("--rounds", type=int, default=8, help="times every session's pieces are sent")
     parser.add_argument("--rate", type=int, default=200, help="samples per second per thread")
     options = parser.parse_args()
@@ -177,12 +204,14 @@ def main() -> None:
             asyncio.run(ready())
             layers, cpu, main, pieces = asyncio.run(drive(server.url, options.task, options.sessions,
                                                     options.model_repository, options.data, options.rounds,
-                                                    server.process.pid, folder / "spy.txt", options.rate))
+                                                    server.process.pid, folder / "spy.txt", options.rate,
+                                                    options.transport))
         finally:
             server.stop()
     total = sum(layers.values())
     per_piece, loop = 1000 * cpu / pieces, 1000 * main / pieces
-    print(f"{options.task}, {options.sessions} session(s): {pieces} pieces, {per_piece:.3f} ms of service CPU per "
+    print(f"{options.task}, {options.sessions} session(s), {options.transport}: {pieces} pieces, {per_piece:.3f} ms "
+          "of service CPU per "
           f"piece, {loop:.3f} of it on the event loop's thread ({total} samples there, {folder / 'spy.txt'})")
     print("| layer | share of the loop's samples | ms per piece |\n|---|---|---|")
     for name, count in layers.most_common():

@@ -584,3 +584,23 @@ def test_cli_session_stream_answers_alike_over_either_transport(server, tmp_path
     if task == "summarize":  # token frames printed as they come, as with Server-Sent Events
         printed = cli(url, "session", "stream", str(document), "--task", task, *cut, "--stream")
         assert printed.returncode == 0 and printed.stdout == json.loads(over_http.stdout)["summary"] + "\n"
+
+
+def test_a_client_leaving_its_stream_mid_summary_is_no_error_of_the_replica(server):
+    """A client that closes its stream while the replica streams a summary's tokens has left, as one closing a
+    Server-Sent Events stream has: no ERROR line, no traceback, no `Exception in ASGI application`."""
+    from websockets.sync.client import connect
+
+    url, log = server
+    lines_before = len(log.read_text().splitlines())
+    session = httpx.post(f"{url}/sessions", json={"task": "summarize"}, headers={"X-API-Key": KEY}).json()["id"]
+    with connect(f"{url.replace('http', 'ws', 1)}/sessions/{session}/stream",
+                 additional_headers={"X-API-Key": KEY}) as stream:
+        assert json.loads(stream.recv())["event"] == "open"
+        stream.send(json.dumps({"seq": 1, "text": TEXT}))
+        assert json.loads(stream.recv())["session"]["seq"] == 1
+        stream.send(json.dumps({"finish": {"stream": True, "decoding": "free", "beam_size": 1, "max_length": 24}}))
+        assert json.loads(stream.recv())["event"] == "token"
+    time.sleep(0.5)
+    new = [json.loads(line) for line in log.read_text().splitlines()[lines_before:]]
+    assert not [line["message"] for line in new if line["level"] == "ERROR"]

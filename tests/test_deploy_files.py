@@ -179,6 +179,16 @@ def test_compose_redis_keeps_sessions_aof_everysec_noeviction_on_a_volume():
     assert exporter["environment"]["REDIS_ADDR"] == "redis://redis:6379"
 
 
+def test_nginx_passes_a_sessions_stream_upgrade_through():
+    text = (ROOT / "deploy" / "nginx.conf").read_text()
+    location = re.search(r"location ~ \^/sessions/\[\^/\]\+/stream\$ \{(.*?)\n        \}", text, re.S)
+    assert location, "no location for /sessions/{id}/stream"
+    block = location.group(1)
+    for line in ("proxy_set_header Upgrade $http_upgrade;", 'proxy_set_header Connection "upgrade";',
+                 "proxy_set_header Host $host;", "proxy_pass http://rtserve;"):
+        assert line in block, line
+
+
 def test_nginx_balances_over_every_replica_and_passes_sse_through_unbuffered():
     text = (ROOT / "deploy" / "nginx.conf").read_text()
     assert re.search(r"server rtserve:8000 resolve;", text)

@@ -225,3 +225,24 @@ def test_redis_gone_answers_an_error_frame_then_closes_with_1013(repository, key
             with pytest.raises(WebSocketDisconnect) as closed:
                 ws.receive_text()
             assert closed.value.code == 1013
+
+
+def test_a_piece_that_reaches_an_idle_stream_as_its_drain_begins_is_answered_or_left_unapplied(client):
+    """The drain closes an idle stream at once; a piece already on its way is then either answered or not applied
+    (its client sends it again elsewhere), never applied and left unanswered."""
+    rng = np.random.default_rng()
+    session = client.post("/sessions", json={"task": "forecast"}).json()["id"]
+    with client.websocket_connect(f"/sessions/{session}/stream") as ws:
+        assert json.loads(ws.receive_text())["event"] == "open"
+        ws.send_text(json.dumps({"seq": 1, "rows": rows(rng, 4)}))
+        assert json.loads(ws.receive_text())["session"]["seq"] == 1
+        shutdown = client.app.state.shutdown
+        piece = json.dumps({"seq": 2, "rows": rows(rng, 4)})
+
+        async def piece_then_drain():  # piece 2 is in the stream's queue when the drain begins
+            ws._receive_tx.send_nowait({"type": "websocket.receive", "text": piece})
+            shutdown.begin(lambda: None)
+
+        client.portal.call(piece_then_drain)
+        answered = ws.receive()["type"] == "websocket.send"
+    assert client.get(f"/sessions/{session}").json()["seq"] == (2 if answered else 1)

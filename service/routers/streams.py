@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, WebSocket
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
@@ -54,8 +54,13 @@ router = APIRouter(tags=["sessions"])
 
 ROUTE = "/sessions/{session_id}/stream"
 SERVICE_RESTART, TRY_AGAIN_LATER, INTERNAL_ERROR = 1012, 1013, 1011  # WebSocket close codes (RFC 6455, IANA)
+CLIENT_LEFT = 499  # the status the metrics record for a frame whose client left before its answer (nginx's)
 PIECES = TypeAdapter(SegmentRequest)
 FINISH = TypeAdapter(FinishRequest)
+
+
+class ClientLeft(Exception):
+    """The client is gone: its answer cannot be sent."""
 
 
 class Stream:
@@ -80,11 +85,18 @@ class Stream:
             self.waiting = False
             if message["type"] == "websocket.disconnect":
                 return
+            if self._closer is not None:  # a frame that arrived as the drain closed the stream: left unapplied
+                return  # (its client sends it again, to a replica still serving)
             started = time.perf_counter()
             frame = message.get("text")
             if frame is None:
                 frame = message.get("bytes") or b""
-            status = await self._answer(frame)
+            try:
+                status = await self._answer(frame)
+            except ClientLeft:  # nobody to answer (a piece may have been applied: its retry is answered replayed)
+                record_request(self.metrics, ROUTE, self.websocket.scope, CLIENT_LEFT,
+                               time.perf_counter() - started, self.settings.access_log)
+                return
             record_request(self.metrics, ROUTE, self.websocket.scope, status, time.perf_counter() - started,
                            self.settings.access_log)
             if status == 503:  # Redis or the engine is gone: the client should come back later, to any replica
@@ -93,7 +105,8 @@ class Stream:
             if status == 500:
                 await self.websocket.close(INTERNAL_ERROR)
                 return
-        await self.websocket.close(SERVICE_RESTART)
+        if self._closer is None:
+            await self.websocket.close(SERVICE_RESTART)
 
     def close_soon(self) -> None:
         """The replica is shutting down: close with 1012 now if idle, else once the frame in flight is answered."""
@@ -115,6 +128,8 @@ class Stream:
             if type(body) is dict and "finish" in body:
                 return await self._finish(body)
             return await self._piece(body, frame)
+        except ClientLeft:
+            raise
         except Exception as error:
             return await self._error(error)
         finally:
@@ -136,8 +151,7 @@ class Stream:
             assert text is not None
             check_text(text, self.settings)
         applied = await self.flow.apply(self.session_id, self.owner, seq, text, rows)
-        await self.websocket.send({"type": "websocket.send",
-                                   "text": piece_answer(applied.meta, applied.result, applied.replayed).decode()})
+        await self._send_text(piece_answer(applied.meta, applied.result, applied.replayed).decode())
         return 200
 
     async def _finish(self, body: dict[str, Any]) -> int:
@@ -152,13 +166,16 @@ class Stream:
         if generated is not None and request.stream:
             tokens = end.final.tokens
             if tokens is not None:
-                async for token in tokens:
-                    await self._send({"event": "token", "data": {"text": token}})
+                try:
+                    async for token in tokens:
+                        await self._send({"event": "token", "data": {"text": token}})
+                finally:  # a client that left ends the search at its next step (the session stays unfinished)
+                    await tokens.aclose()  # type: ignore[attr-defined]
             elif end.final.result.get(generated):  # finished before: the stored summary, as one token
                 await self._send({"event": "token", "data": {"text": end.final.result[generated]}})
             await self._send({"event": "done", "data": final_answer(end).model_dump(mode="json")})
         else:
-            await self.websocket.send({"type": "websocket.send", "text": final_answer(end).model_dump_json()})
+            await self._send_text(final_answer(end).model_dump_json())
         return 200
 
     async def _error(self, error: Exception) -> int:
@@ -180,7 +197,14 @@ class Stream:
         return status
 
     async def _send(self, frame: dict[str, Any]) -> None:
-        await self.websocket.send({"type": "websocket.send", "text": result_json.dumps(frame).decode()})
+        await self._send_text(result_json.dumps(frame).decode())
+
+    async def _send_text(self, text: str) -> None:
+        """One frame to the client; :class:`ClientLeft` when it is gone (or the stream was closed under it)."""
+        try:
+            await self.websocket.send({"type": "websocket.send", "text": text})
+        except (WebSocketDisconnect, RuntimeError) as gone:  # Starlette's: disconnected, or sent after a close
+            raise ClientLeft from gone
 
 
 @router.websocket(ROUTE, name="session_stream")
