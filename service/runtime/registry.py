@@ -248,6 +248,9 @@ class ModelRegistry:
             if task is None:
                 raise UnknownModel("name a `model` or a `task`")
             model = self.settings.default_models.get(task) or self._first_for_task(task)
+        loaded = self.models.get(model)  # a session's model: its "name:version", the common case
+        if loaded is not None and (task is None or loaded.task == task):
+            return loaded
         name, _, version = model.partition(":")
         versions = [ref.split(":", 1)[1] for ref in self.models if ref.split(":", 1)[0] == name]
         if not versions:
