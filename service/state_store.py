@@ -2,7 +2,7 @@
 
 Keys are namespaced and cluster-safe: ``<prefix>:{<session-id>}:<part>``, so
 all keys of one session fall in one hash slot and can be touched by one Lua
-script (service/sessions.py). Values are safetensors bytes (see :mod:`service.tensor_codec`).
+script (service/sessions/scripts.py). Values are safetensors bytes (see :mod:`service.tensor_codec`).
 
 The client is a plain ``Redis`` (one server, or a Sentinel-managed primary behind
 one address) or, with ``RTSERVE_REDIS_CLUSTER=true``, a ``RedisCluster`` that

@@ -5,7 +5,8 @@ the chunk layout, the decoder's inputs); this pipeline runs each closed window t
 ``encode_window`` batcher and writes the summary one of two ways (``decoding``):
 
 - ``sentence``: the document's own sentences chosen by the model's salience scores
-  (``models/summary_text.py``), in the document's text and order; no decoder step runs;
+  (``models/sentence_choice.py``, over the copy units of ``models/copy_units.py``), in the document's text and
+  order; no decoder step runs;
 - ``free``: the document's candidate ids through ``output_head`` (once, where the model folds its output
   layer) and the search (``models/decoding.py``) on the shared decode loop, the words then given the
   document's letter case.
@@ -42,7 +43,7 @@ DECODINGS = ("sentence", "free")
 
 
 def load_lexicon(entry: Path, manifest: Mapping[str, Any]) -> Lexicon | None:
-    """The salience head's lexical part (models/summary_text.py), where the model has one."""
+    """The salience head's lexical part (models/sentence_choice.py), where the model has one."""
     weights = manifest["settings"].get("salience_lexical")
     if not weights:
         return None
