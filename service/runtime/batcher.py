@@ -147,13 +147,16 @@ class DynamicBatcher(GraphRunner):
                 self._running = False
 
     async def _wait_until_ready(self) -> None:
+        loop = asyncio.get_running_loop()
         while (remaining := self.policy.run_at(self._queue, self._expected(), self.max_batch_size)
                - time.perf_counter()) > 0:
             self._wakeup.clear()
+            # a timer that sets the event, not asyncio.wait_for: no task and no timeout scope per wait
+            timer = loop.call_later(remaining, self._wakeup.set)
             try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
-            except TimeoutError:
-                return
+                await self._wakeup.wait()
+            finally:
+                timer.cancel()
 
     def _expected(self) -> int:
         """The rows the next batch expects: the previous batch's, and on a flat-step device also the rows that
