@@ -229,6 +229,8 @@ async def session_stream(websocket: WebSocket, session_id: str) -> None:
         except Exception as error:
             status, body, _ = error_answer(error, websocket.scope)
             note_error(websocket.scope, error, status)
+            if status == 500:  # the service's fault: its traceback, once
+                log.error("session stream: unexpected error opening a stream", exc_info=error)
             await _deny(websocket, status, body["detail"], request_id)
             return
         stream = Stream(websocket, session_id, owner, request_id)
