@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,38 +60,16 @@ class FakeDevice:
         pass
 
 
-@dataclass
-class FakeModel:
-    batchers: dict[str, Any]
-    backend: str = "fake"
-    providers: list[str] = field(default_factory=lambda: ["FakeDevice"])
-    device: str = "cpu"
-    precision: str = "fp32"
-    max_batch_size: int = 32
-
-
-@dataclass
-class FakeRegistry:
-    """What :class:`~service.runtime.engine.Engine` reads of a registry: one model, one graph on the fake device."""
-
-    models: dict[str, FakeModel]
-    errors: dict[str, str] = field(default_factory=dict)
-
-    async def close(self) -> None:
-        for model in self.models.values():
-            for batcher in model.batchers.values():
-                await batcher.close()
-
-
 async def engine_main(socket_path: Path, device_ms: float, max_batch: int, log: Path) -> None:
     import signal
 
     from service.runtime.batcher import DynamicBatcher
     from service.runtime.engine import Engine
+    from tests.fake_engine import FakeRegistry
 
     # an accelerator's step: about the same time at any batch size (the batcher's flat-step rule, as on CUDA)
     batcher = DynamicBatcher(FakeDevice(device_ms / 1000, log), MODEL, GRAPH, max_batch, 0.005, flat_step=True)
-    registry = FakeRegistry({MODEL: FakeModel({GRAPH: batcher}, max_batch_size=max_batch)})
+    registry = FakeRegistry.over(batcher)
     server = await Engine(registry).serve(socket_path)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import resource
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,19 @@ def measure(analyzer: PerfAnalyzer, side: str, model: str, base_url: str, grpc_u
             "server_cores_busy": round(cpu / seconds, 2)}
 
 
+def measure_each(concurrencies: list[int], at: Callable[[int], dict[str, Any]], died: str) -> list[dict[str, Any]]:
+    """One server's rows (``at``: its row at a concurrency), a concurrency at a time, each printed as it comes; the
+    first its server did not survive is the last (``died`` said after it)."""
+    rows: list[dict[str, Any]] = []
+    for concurrency in concurrencies:
+        rows.append(at(concurrency))
+        print(json.dumps(rows[-1]), flush=True)
+        if rows[-1].get("server_alive") is False:
+            print(died, flush=True)
+            break
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.perf_analyzer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="rsa-etth1-h24")
@@ -173,13 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                 wait_ready(f"http://{HOST}:{port}/v2/health/ready", server)
                 data = write_input_data(work / "rtserve.json", "ROWS", args.rows, width)
                 processes = [psutil.Process(server.process.pid), psutil.Process(redis.pid)]
-                for concurrency in concurrencies:
-                    rows.append(measure(analyzer, "rtserve", args.model, server.url, f"{HOST}:{grpc_port}", data,
-                                        processes, args, concurrency))
-                    print(json.dumps(rows[-1]), flush=True)
-                    if rows[-1].get("server_alive") is False:
-                        print(f"rtserve died; its log: {server.log_path}", flush=True)
-                        break
+                at = functools.partial(measure, analyzer, "rtserve", args.model, server.url, f"{HOST}:{grpc_port}",
+                                       data, processes, args)
+                rows += measure_each(concurrencies, at, f"rtserve died; its log: {server.log_path}")
             finally:
                 server.stop()
     if args.only != "rtserve":
@@ -192,13 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             wait_ready(f"{server.url}/v2/models/{model.name}/ready", server)
             (piece_input, _), = model.piece_inputs
             data = write_input_data(work / "triton.json", piece_input, args.rows, width)
-            for concurrency in concurrencies:
-                rows.append(measure(analyzer, "triton", model.name, server.url, server.grpc_url, data,
-                                    [psutil.Process(server.process.pid)], args, concurrency))
-                print(json.dumps(rows[-1]), flush=True)
-                if rows[-1].get("server_alive") is False:
-                    print(f"tritonserver died; its log: {server.log_path}", flush=True)
-                    break
+            at = functools.partial(measure, analyzer, "triton", model.name, server.url, server.grpc_url, data,
+                                   [psutil.Process(server.process.pid)], args)
+            rows += measure_each(concurrencies, at, f"tritonserver died; its log: {server.log_path}")
         finally:
             server.stop()
     print_table(rows, args)

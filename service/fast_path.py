@@ -152,6 +152,12 @@ def plain_rows(rows: Any, raw: bytes | str) -> np.ndarray | None:
     return array
 
 
+def plain_text(text: Any, raw: bytes | str) -> str | None:
+    """``text`` when it is a JSON string (validation takes it as it is); None otherwise. ``raw``: unread (the
+    signature is :func:`plain_rows`')."""
+    return text if type(text) is str else None
+
+
 def _may_hold_a_bool(raw: bytes | str) -> bool:
     if isinstance(raw, str):
         return "true" in raw or "false" in raw

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -17,6 +17,14 @@ from service.devices import check_device, check_precision
 
 Device = Annotated[str, AfterValidator(check_device)]  # auto, cpu, cuda or cuda:N, lower-cased
 Precision = Annotated[str, AfterValidator(check_precision)]  # fp32, fp16 or bf16, lower-cased
+StepMode = Literal["auto", "eager", "graphs", "compile"]
+
+
+def per_model(what: str, example: tuple[str, object], overriding: str = "the default") -> Any:
+    """A setting per model name, as a JSON object; a model it does not name takes the default (the lookups are
+    :class:`Settings`' ``*_for`` methods). ``example``: a model name and its value, for the description."""
+    return Field(default_factory=dict, description=f"{what} per model name as JSON, overriding {overriding}, e.g. "
+                 f"{json.dumps(dict([example]))}.")
 
 
 class Settings(BaseSettings):
@@ -93,10 +101,7 @@ class Settings(BaseSettings):
     max_batch_size_cuda: int = Field(
         256, ge=1, description="Largest batch per model graph on a CUDA device (a GPU wants far larger batches)."
     )
-    model_max_batch_sizes: dict[str, int] = Field(
-        default_factory=dict,
-        description='Largest batch per model name as JSON, overriding both defaults, e.g. {"srformer-news": 64}.',
-    )
+    model_max_batch_sizes: dict[str, int] = per_model("Largest batch", ("srformer-news", 64), "both defaults")
     max_queue_delay_ms: float = Field(
         5.0, ge=0, description="Longest wait for company the last batch promised (fewer rows queued than it had): "
         "a request that finds the worker free waits up to this long after a batch of more than one row.",
@@ -111,37 +116,25 @@ class Settings(BaseSettings):
         False, description="Let ONNX Runtime's intra-op threads busy-wait between ops (its own default). Off: on a "
         "CPU shared with the event loop and other models, spinning threads take the cores those need.",
     )
-    model_backends: dict[str, str] = Field(
-        default_factory=dict,
-        description='Backend per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "torch"}.',
-    )
+    model_backends: dict[str, str] = per_model("Backend", ("rmt-hyperpartisan", "torch"))
     device: Device = Field(
         "auto",
         description="Default device: auto (cuda:0 where the model's backend sees a GPU, else cpu), cpu, cuda or "
         "cuda:N. A CUDA device that is not there fails startup.",
     )
-    model_devices: dict[str, Device] = Field(
-        default_factory=dict,
-        description='Device per model name as JSON, overriding the default, e.g. {"rsa-etth1-h24": "cpu"}.',
-    )
+    model_devices: dict[str, Device] = per_model("Device", ("rsa-etth1-h24", "cpu"))
     precision: Precision = Field(
         "fp32",
         description="Default precision: fp32, fp16 (onnx, torch backends) or bf16 (torch backend).",
     )
-    model_precisions: dict[str, Precision] = Field(
-        default_factory=dict,
-        description='Precision per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "bf16"}.',
-    )
-    step_mode: Literal["auto", "eager", "graphs", "compile"] = Field(
+    model_precisions: dict[str, Precision] = per_model("Precision", ("rmt-hyperpartisan", "bf16"))
+    step_mode: StepMode = Field(
         "auto",
         description="How a torch step runs on a CUDA device: `auto` (the mode the entry's step_modes.json measured "
         "fastest, eager without one), `eager`, `graphs` (CUDA graphs captured per batch bucket) or `compile` "
         "(torch.compile). On a CPU, and for decode graphs, always eager.",
     )
-    model_step_modes: dict[str, Literal["auto", "eager", "graphs", "compile"]] = Field(
-        default_factory=dict,
-        description='Step mode per model name as JSON, overriding the default, e.g. {"rmt-hyperpartisan": "graphs"}.',
-    )
+    model_step_modes: dict[str, StepMode] = per_model("Step mode", ("rmt-hyperpartisan", "graphs"))
     device_state_bytes: int = Field(
         2**30, ge=0,
         description="Bytes of session states the torch backend keeps on a CUDA device where their step left them, "
@@ -228,6 +221,9 @@ class Settings(BaseSettings):
             raise ValueError("RTSERVE_REDIS_CLUSTER=true needs RTSERVE_REDIS_URL (any one node of the cluster); "
                              "the embedded Redis is a single server")
         return self
+
+    def backend_for(self, model: str) -> str:
+        return self.model_backends.get(model, self.backend)
 
     def device_for(self, model: str) -> str:
         """The device setting of ``model`` (auto, cpu, cuda, cuda:N), before resolution."""

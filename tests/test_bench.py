@@ -12,6 +12,7 @@ import pytest
 from loadtest.bench_gpu import EnergyMeter, energy_rates
 from loadtest.bench_report import check_targets
 from loadtest.metrics import SEGMENT_ROUTE, histogram_mean, metric_delta, redis_share
+from tests.fake_nvml import FakeNvml, NoNvml
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -86,34 +87,6 @@ def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the
     assert "e2e / step, 1 session" in table and "| metric | value | target | holds |" in result.stdout
 
 
-class FakeNvml:
-    """Two GPUs whose energy counters advance 1500 and 500 mJ per reading."""
-
-    def __init__(self):
-        self.readings = [0, 0]
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return index
-
-    def nvmlDeviceGetName(self, handle):
-        return b"Fake GPU"
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
-        self.readings[handle] += (1500, 500)[handle]
-        return self.readings[handle]
-
-
-class NoDriver(FakeNvml):
-    def nvmlInit(self):
-        raise RuntimeError("driver not loaded")
-
-
 def test_energy_per_segment_sums_every_gpu_counter_between_two_readings():
     meter = EnergyMeter(FakeNvml())
     assert meter.available and meter.names == ["Fake GPU", "Fake GPU"]
@@ -125,8 +98,8 @@ def test_energy_per_segment_sums_every_gpu_counter_between_two_readings():
     assert rates["joules_per_segment"] == pytest.approx(0.05)
     assert rates["segments_per_second"] == pytest.approx(80.0)
     assert rates["watts"] == pytest.approx(4.0)
-    unavailable = EnergyMeter(NoDriver())
-    assert not unavailable.available and "driver not loaded" in unavailable.reason
+    unavailable = EnergyMeter(NoNvml())
+    assert not unavailable.available and "NVML Shared Library Not Found" in unavailable.reason
 
 
 def test_gpu_targets_compare_joules_per_segment_at_many_sessions_with_one():

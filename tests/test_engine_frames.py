@@ -4,7 +4,6 @@ one frame per graph and shape, at most the graph's largest batch, and every call
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from service.runtime.batcher import DynamicBatcher
 from service.runtime.engine import Engine
 from service.runtime.engine_client import EngineClient, RemoteGraph
 from service.runtime.engine_wire import EngineUnavailable
+from tests.fake_engine import FakeRegistry
 
 
 class Doubling:
@@ -34,27 +34,11 @@ class Doubling:
         pass
 
 
-@dataclass
-class Model:
-    batchers: dict[str, Any]
-    backend: str = "fake"
-    providers: list[str] = field(default_factory=lambda: ["Fake"])
-    device: str = "cpu"
-    precision: str = "fp32"
-    max_batch_size: int = 8
-
-
-@dataclass
-class Registry:
-    models: dict[str, Model]
-    errors: dict[str, str] = field(default_factory=dict)
-
-
 @pytest.fixture
 async def remote(tmp_path):
     backend = Doubling()
     batcher = DynamicBatcher(backend, "fake:1", "step", 8, 0.0)
-    engine = Engine(Registry({"fake:1": Model({"step": batcher})}))
+    engine = Engine(FakeRegistry.over(batcher))
     server = await engine.serve(tmp_path / "engine.sock")
     client = EngineClient(tmp_path / "engine.sock")
     await client.connect(timeout=10)

@@ -11,7 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from service import fast_path
 from service.fast_path import answer_json, info, piece_answer, plain_piece
-from service.routers import forecast as forecast_router
+from service.routers import one_shot
 from service.routers import sessions as sessions_router
 from service.schemas import FLOAT32_MAX, ClassifyResponse, ForecastResponse, SegmentRequest, SegmentResponse
 from service.sessions import SessionMeta, SessionStatus
@@ -163,7 +163,7 @@ def test_one_shot_fast_and_validated_bodies_answer_alike(client, monkeypatch):
         taken.append(plain is not None)
         return plain
 
-    monkeypatch.setattr(forecast_router, "plain_body", counting)
+    monkeypatch.setattr(one_shot, "plain_body", counting)
     rows = np.random.default_rng().integers(0, 20, (40, len(VARIABLES))).tolist()
     fast = client.post("/forecast", json={"rows": rows})
     validated_answer = client.post("/forecast", json={"rows": rows, "model": None})

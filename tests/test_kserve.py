@@ -10,6 +10,8 @@ import json
 import os
 import queue
 import struct
+from types import ModuleType
+from typing import Any, NamedTuple
 
 import httpx
 import numpy as np
@@ -134,14 +136,21 @@ def without_model(answer):
     return {key: value for key, value in answer.items() if key not in ("model", "session")}
 
 
-def client_of(name, http, grpc):
-    return (httpclient, http) if name == "http" else (grpcclient, grpc)
+class Triton(NamedTuple):
+    protocol: str
+    module: ModuleType  # tritonclient.http or tritonclient.grpc
+    client: Any  # the module's InferenceServerClient
+
+
+@pytest.fixture(params=["http", "grpc"])
+def triton(request, http, grpc):
+    """Triton's client of each protocol in turn: a test that takes it runs once per protocol."""
+    return Triton("http", httpclient, http) if request.param == "http" else Triton("grpc", grpcclient, grpc)
 
 
 # ---- metadata and health ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_the_server_and_every_model_describe_themselves_as_triton_clients_expect(protocol, http, grpc):
-    module, client = client_of(protocol, http, grpc)
+def test_the_server_and_every_model_describe_themselves_as_triton_clients_expect(triton):
+    protocol, _, client = triton
     assert client.is_server_live() and client.is_server_ready()
     metadata = client.get_server_metadata(**({} if protocol == "grpc" else {}))
     if protocol == "grpc":
@@ -163,13 +172,10 @@ def test_the_server_and_every_model_describe_themselves_as_triton_clients_expect
 
 
 # ---- one shot ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("task", list(MODELS))
-def test_a_one_shot_infer_answers_what_the_native_route_answers(server, http, grpc, protocol, task):
-    rng = np.random.default_rng()
-    _, whole = pieces_of(task, rng)
-    module, client = client_of(protocol, http, grpc)
-    result = client.infer(MODELS[task], inputs_for(module, task, whole), headers=keyed())
+def test_a_one_shot_infer_answers_what_the_native_route_answers(server, triton, task):
+    _, whole = pieces_of(task, np.random.default_rng())
+    result = triton.client.infer(MODELS[task], inputs_for(triton.module, task, whole), headers=keyed())
     assert as_answer(result, task) == without_model(native(server, task, whole))
 
 
@@ -187,12 +193,11 @@ def test_json_tensors_and_binary_outputs_on_request(server, http):
 
 
 # ---- sequences ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("task", list(MODELS))
-def test_a_sequence_of_pieces_ends_with_the_whole_inputs_answer(server, http, grpc, protocol, task):
+def test_a_sequence_of_pieces_ends_with_the_whole_inputs_answer(server, triton, task):
+    _, module, client = triton
     rng = np.random.default_rng()
     pieces, whole = pieces_of(task, rng)
-    module, client = client_of(protocol, http, grpc)
     sequence_id = int(rng.integers(1, 2**63))
     for index, piece in enumerate(pieces):
         result = client.infer(MODELS[task], inputs_for(module, task, piece), headers=keyed(),
@@ -241,10 +246,9 @@ def test_one_grpc_stream_carries_several_sequences_at_once(server, grpc):
         assert as_answer(result, task) == without_model(native(server, task, whole)), task
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_sequence_seq_gives_exactly_once(server, http, grpc, protocol):
+def test_sequence_seq_gives_exactly_once(server, triton):
+    protocol, module, client = triton
     rng = np.random.default_rng()
-    module, client = client_of(protocol, http, grpc)
     first, second, third = rows(rng, 20), rows(rng, 20), rows(rng, 5)
     sequence_id = f"exactly-once-{rng.integers(1 << 60)}"
     model = MODELS["forecast"]
@@ -269,10 +273,9 @@ def test_sequence_seq_gives_exactly_once(server, http, grpc, protocol):
     assert as_answer(final, "forecast") == without_model(native(server, "forecast", whole))
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_a_start_restarts_the_sequence_and_keys_never_share_one(server, http, grpc, protocol):
+def test_a_start_restarts_the_sequence_and_keys_never_share_one(server, triton):
+    _, module, client = triton
     rng = np.random.default_rng()
-    module, client = client_of(protocol, http, grpc)
     model, sequence_id = MODELS["forecast"], int(rng.integers(1, 2**63))
     early, late = rows(rng, 30), rows(rng, 40)
     client.infer(model, inputs_for(module, "forecast", early), headers=keyed(), sequence_id=sequence_id,
@@ -375,9 +378,8 @@ def test_bad_requests_answer_a_4xx_in_the_protocols_shape_and_apply_nothing(serv
         assert answer.status_code == 404 and set(answer.json()) == {"error"}
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_bad_input_over_triton_clients_is_refused_with_what_to_change(http, grpc, protocol):
-    module, client = client_of(protocol, http, grpc)
+def test_bad_input_over_triton_clients_is_refused_with_what_to_change(triton):
+    _, module, client = triton
     wrong = module.InferInput("ROWS", [2, WIDTH], "FP64")
     wrong.set_data_from_numpy(np.zeros((2, WIDTH)))
     with pytest.raises(InferenceServerException, match="data-type is 'FP64', but model 'rsa-tiny' expects 'FP32'"):

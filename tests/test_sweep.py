@@ -9,6 +9,7 @@ import psutil
 
 from loadtest.device_busy import DeviceBusy, engine_process
 from loadtest.scenarios.sweep import StopRule, summarize
+from tests.fake_nvml import FakeNvml, NoNvml
 
 
 def test_the_sweep_stops_after_two_counts_without_gain_not_at_one_noisy_count():
@@ -31,23 +32,6 @@ def test_a_count_is_the_median_of_its_repeats_and_names_a_client_limit_seen_in_a
     assert len(row["repeats"]) == 3
 
 
-class FakeNvml:
-    class Rates:
-        gpu = 40
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return index
-
-    def nvmlDeviceGetUtilizationRates(self, handle):
-        return self.Rates()
-
-
 def test_on_a_gpu_the_busy_share_is_nvmls_utilization():
     busy = DeviceBusy(os.getpid(), nvml=FakeNvml())
     assert busy.on_gpu
@@ -55,11 +39,6 @@ def test_on_a_gpu_the_busy_share_is_nvmls_utilization():
     time.sleep(0.2)
     figures = busy.stop()
     assert abs(figures["device_busy"] - 0.4) < 1e-9 and "NVML" in figures["device_busy_source"]
-
-
-class NoNvml:
-    def nvmlInit(self):
-        raise OSError("NVML Shared Library Not Found")
 
 
 def test_on_a_cpu_the_busy_share_is_the_engine_processes_cpu_over_the_cores():

@@ -155,6 +155,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             record_request(self.metrics, call.route, call.scope, status, time.perf_counter() - started,
                            self.settings.access_log)
 
+    async def _read(self, method: str, context: Any, read: Callable[[], T], keyed: bool = True) -> T:
+        """A call answered from what the replica holds (no I/O): ``read()``, as one call of :meth:`_unary`."""
+
+        async def work(call: Call) -> T:
+            return read()
+
+        return await self._unary(method, context, work, keyed)
+
     # ---- health and metadata -------------------------------------------------------------------------------------
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 - the proto's method names
         return service_pb2.ServerLiveResponse(live=True)
@@ -170,40 +178,28 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._unary("ServerReady", context, ready, keyed=False)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        async def metadata(call: Call) -> Any:
-            return protobuf.server_metadata(self.inference.server_metadata())
-
-        return await self._unary("ServerMetadata", context, metadata, keyed=False)
+        return await self._read("ServerMetadata", context,
+                                lambda: protobuf.server_metadata(self.inference.server_metadata()), keyed=False)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        async def ready(call: Call) -> Any:
-            return service_pb2.ModelReadyResponse(ready=self.inference.model_ready(request.name, request.version))
-
-        return await self._unary("ModelReady", context, ready)
+        return await self._read("ModelReady", context, lambda: service_pb2.ModelReadyResponse(
+            ready=self.inference.model_ready(request.name, request.version)))
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        async def metadata(call: Call) -> Any:
-            return protobuf.model_metadata(self.inference.model_metadata(request.name, request.version))
-
-        return await self._unary("ModelMetadata", context, metadata)
+        return await self._read("ModelMetadata", context, lambda: protobuf.model_metadata(
+            self.inference.model_metadata(request.name, request.version)))
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
-        async def config(call: Call) -> Any:
-            return protobuf.model_config(self.inference.model_config(request.name, request.version))
-
-        return await self._unary("ModelConfig", context, config)
+        return await self._read("ModelConfig", context, lambda: protobuf.model_config(
+            self.inference.model_config(request.name, request.version)))
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
-        async def statistics(call: Call) -> Any:
-            return protobuf.model_statistics(self.inference.statistics(request.name, request.version))
-
-        return await self._unary("ModelStatistics", context, statistics)
+        return await self._read("ModelStatistics", context, lambda: protobuf.model_statistics(
+            self.inference.statistics(request.name, request.version)))
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
-        async def index(call: Call) -> Any:
-            return protobuf.repository_index(self.inference.repository_index())
-
-        return await self._unary("RepositoryIndex", context, index)
+        return await self._read("RepositoryIndex", context,
+                                lambda: protobuf.repository_index(self.inference.repository_index()))
 
     # ---- inference -----------------------------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802

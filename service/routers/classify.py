@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter
 
-from service.errors import BODY, check_text, responses
-from service.fast_path import JSONBodyRoute, answer_json, plain_body, with_fast_path
-from service.routers.one_shot import OneShot, OneShotDep, one_shot_call
+from service.errors import check_text
+from service.fast_path import JSONBodyRoute, plain_text
+from service.routers.one_shot import OneShot, OneShotDep, one_shot_route
 from service.runtime.pipeline import run_whole
 from service.schemas import ClassifyRequest, ClassifyResponse
 
@@ -23,22 +23,12 @@ async def classification_of(call: OneShot, name: str | None, text: str) -> dict[
     return {"model": model.ref, **finished.result}
 
 
-async def classify_fast(request: Request) -> Response | None:
-    """The route's fast path (:mod:`service.fast_path`): plain text answered; None for any other body."""
-    body = plain_body(await request.json(), "text")
-    if body is None or type(body["text"]) is not str:
-        return None
-    return answer_json(ClassifyResponse,
-                       await classification_of(one_shot_call(request), body.get("model"), body["text"]))
-
-
-@router.post(
-    "/classify", response_model=ClassifyResponse, responses=responses(*BODY, 401, 404),
+@one_shot_route(
+    router, "/classify", ClassifyResponse, classification_of, field="text", plain=plain_text,
     summary="Classify a long document, segment by segment",
     description="The model reads the document one segment at a time, carrying its memory from segment to "
     "segment, and answers the label of the last segment's memory. The same answer as streaming the document "
     "through a classify session and finishing it.",
 )
-@with_fast_path(classify_fast)
 async def classify(body: ClassifyRequest, call: OneShotDep) -> ClassifyResponse:
     return ClassifyResponse(**await classification_of(call, body.model, body.text))

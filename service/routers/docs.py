@@ -29,14 +29,20 @@ async def openapi(request: Request) -> JSONResponse:
     return JSONResponse(request.app.openapi())
 
 
+def _page(request: Request, ui: str) -> tuple[str, dict[str, str]]:
+    """The app's root path (where a proxy serves the app under a prefix, every link starts with it) and what every
+    docs page takes: the URL of the OpenAPI schema and the page's title."""
+    root = request.scope.get("root_path", "")
+    return root, {"openapi_url": f"{root}/openapi.json", "title": f"{request.app.title} - {ui}"}
+
+
 @router.get("/docs")
 async def swagger_ui(request: Request) -> HTMLResponse:
-    root = request.scope.get("root_path", "")
+    root, page = _page(request, "Swagger UI")
     return get_swagger_ui_html(
-        openapi_url=f"{root}/openapi.json", title=f"{request.app.title} - Swagger UI",
-        swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js", swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
-        swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png", oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
-        swagger_ui_parameters={"persistAuthorization": True},
+        **page, swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
+        swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css", swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
+        oauth2_redirect_url=f"{root}/docs/oauth2-redirect", swagger_ui_parameters={"persistAuthorization": True},
     )
 
 
@@ -47,9 +53,6 @@ async def swagger_ui_redirect() -> HTMLResponse:
 
 @router.get("/redoc")
 async def redoc(request: Request) -> HTMLResponse:
-    root = request.scope.get("root_path", "")
-    return get_redoc_html(
-        openapi_url=f"{root}/openapi.json", title=f"{request.app.title} - ReDoc",
-        redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js", redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
-        with_google_fonts=False,
-    )
+    root, page = _page(request, "ReDoc")
+    return get_redoc_html(**page, redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
+                          redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png", with_google_fonts=False)

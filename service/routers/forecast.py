@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter
 
-from service.errors import BODY, check_rows, responses
-from service.fast_path import JSONBodyRoute, answer_json, plain_body, plain_rows, with_fast_path
-from service.routers.one_shot import OneShot, OneShotDep, one_shot_call
+from service.errors import check_rows
+from service.fast_path import JSONBodyRoute, plain_rows
+from service.routers.one_shot import OneShot, OneShotDep, one_shot_route
 from service.runtime.pipeline import run_whole
 from service.schemas import ForecastRequest, ForecastResponse
 
@@ -23,22 +23,12 @@ async def forecast_of(call: OneShot, name: str | None, rows: list[list[float]]) 
     return {"model": model.ref, **finished.result}
 
 
-async def forecast_fast(request: Request) -> Response | None:
-    """The route's fast path (:mod:`service.fast_path`): plain rows answered; None for any other body."""
-    body = plain_body(await request.json(), "rows")
-    rows = plain_rows(body["rows"], await request.body()) if body is not None else None
-    if body is None or rows is None:
-        return None
-    return answer_json(ForecastResponse, await forecast_of(one_shot_call(request), body.get("model"), rows))
-
-
-@router.post(
-    "/forecast", response_model=ForecastResponse, responses=responses(*BODY, 401, 404),
+@one_shot_route(
+    router, "/forecast", ForecastResponse, forecast_of, field="rows", plain=plain_rows,
     summary="Forecast the next H rows of a multivariate series",
     description="Send at least the model's look-back of rows (`GET /models`: `manifest.settings.lookback`) to get "
     "a forecast; with fewer, `forecast` is null and `rows_needed` says how many more. Rows of the wrong width or "
     "holding NaN are refused (422).",
 )
-@with_fast_path(forecast_fast)
 async def forecast(body: ForecastRequest, call: OneShotDep) -> ForecastResponse:
     return ForecastResponse(**await forecast_of(call, body.model, body.rows))

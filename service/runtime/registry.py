@@ -220,7 +220,7 @@ class ModelRegistry:
         service must not start on the CPU when it was told to use a GPU); other failures are kept in
         ``errors`` (readyz reports them) and the rest of the repository still loads."""
         for name in self.entries if self.engine is None else ():  # the engine checked its own
-            placement(name, self._backend(name), self.settings)
+            placement(name, self.settings.backend_for(name), self.settings)
         for name, versions in self.entries.items():
             for version, entry in versions.items():
                 try:
@@ -235,12 +235,9 @@ class ModelRegistry:
                 log.info("loaded %s (%s, %s backend on %s in %s, %s, batches up to %d)", model.ref, model.task,
                          model.backend, model.device, model.precision, model.providers, model.max_batch_size)
 
-    def _backend(self, name: str) -> str:
-        return self.settings.model_backends.get(name, self.settings.backend)
-
     def _load(self, name: str, version: str, entry: Path) -> LoadedModel:
-        return load_model(entry, self._backend(name), self.settings, self.metrics, name, version, self.engine,
-                          self.alone)
+        return load_model(entry, self.settings.backend_for(name), self.settings, self.metrics, name, version,
+                          self.engine, self.alone)
 
     def resolve(self, model: str | None, task: str | None) -> LoadedModel:
         """``model`` is ``name`` (latest version) or ``name:version``; without it, the task's default."""

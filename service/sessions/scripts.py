@@ -41,49 +41,44 @@ if count < 0 then return {-1, earliest} end
 return {count}
 """
 
-CREATE = RESERVE_LUA + """
--- KEYS: meta, state, and on one server the quota and live indexes; ARGV: now, limit, session id, idle expiry,
--- ttl, state, then the meta hash as field, value pairs.
--- With the indexes: the reservation first (a full quota returns {-1, its earliest idle expiry} and writes
--- nothing), then the session, then its live-index entry (pruning idle-expired ones).
--- Returns {the quota's count before} ({0} without the indexes).
-local count = 0
-if #KEYS == 4 then
-  local earliest
-  count, earliest = reserve(KEYS[3])
-  if count < 0 then return {-1, earliest} end
+# ---- creating a session ----------------------------------------------------------------------------------------
+# Shared by CREATE and CREATE_AGAIN (KEYS[1], KEYS[2]: meta, state; ARGV: now, limit, session id, idle expiry, ttl,
+# state, then the meta hash as field, value pairs). With the indexes (quota and live, on one server): the reservation
+# first (a full quota returns {-1, its earliest idle expiry} and writes nothing), then the session, then its
+# live-index entry (pruning idle-expired ones). The keys given after live are deleted once the session has its place.
+# Returns {the quota's count before} ({0} without the indexes).
+CREATE_LUA = RESERVE_LUA + """
+local function create(quota, live, ...)
+  local count = 0
+  if quota then
+    local earliest
+    count, earliest = reserve(quota)
+    if count < 0 then return {-1, earliest} end
+  end
+  if select('#', ...) > 0 then redis.call('DEL', ...) end
+  redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[5])
+  if live then
+    redis.call('ZADD', live, ARGV[4], ARGV[3])
+    redis.call('ZREMRANGEBYSCORE', live, '-inf', ARGV[1])
+  end
+  return {count}
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 7))
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[5])
-if #KEYS == 4 then
-  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[3])
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[1])
-end
-return {count}
 """
 
-CREATE_AGAIN = RESERVE_LUA + """
+CREATE = CREATE_LUA + """
+-- KEYS: meta, state, and on one server the quota and live indexes; ARGV: as create's.
+return create(KEYS[3], KEYS[4])
+"""
+
+CREATE_AGAIN = CREATE_LUA + """
 -- CREATE for a session created under an id of the caller's (a KServe v2 sequence id): a session already there under
 -- that id is replaced, in the same script, by the new incarnation (its own epoch, seq 0). KEYS: meta, state, result,
--- chunks, lock, and on one server the quota and live indexes; ARGV: as CREATE's. What the earlier incarnation left
+-- chunks, lock, and on one server the quota and live indexes; ARGV: as create's. What the earlier incarnation left
 -- (meta fields, last result, chunks, a piece's lock) is dropped, so nothing of it is read back for the new one; a
 -- piece of it still in flight finds another epoch at its commit and writes nothing.
-local count = 0
-if #KEYS == 7 then
-  local earliest
-  count, earliest = reserve(KEYS[6])
-  if count < 0 then return {-1, earliest} end
-end
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5])
-redis.call('HSET', KEYS[1], unpack(ARGV, 7))
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('SET', KEYS[2], ARGV[6], 'EX', ARGV[5])
-if #KEYS == 7 then
-  redis.call('ZADD', KEYS[7], ARGV[4], ARGV[3])
-  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', ARGV[1])
-end
-return {count}
+return create(KEYS[6], KEYS[7], KEYS[1], KEYS[3], KEYS[4], KEYS[5])
 """
 
 
