@@ -16,7 +16,7 @@ from service.runtime.batcher import DynamicBatcher
 from service.runtime.device_states import STATE_HANDLE, DeviceStates
 from service.runtime.engine import Engine
 from service.runtime.engine_client import EngineClient, RemoteGraph
-from tests.test_engine_frames import Model, Registry
+from tests.fake_engine import FakeRegistry
 from tests.test_precision import FAMILIES
 
 
@@ -85,7 +85,7 @@ async def test_handles_cross_the_engine_with_their_rows(rsa_step, tmp_path):
     graph, spec = rsa_step
     states = DeviceStates(2**20)
     batcher = DynamicBatcher(TorchBackend(graph.module, spec, device_states=states), "rsa:1", "step", 8, 0.0)
-    server = await Engine(Registry({"rsa:1": Model({"step": batcher})})).serve(tmp_path / "engine.sock")
+    server = await Engine(FakeRegistry.over(batcher)).serve(tmp_path / "engine.sock")
     client = EngineClient(tmp_path / "engine.sock")
     await client.connect(timeout=10)
     remote = RemoteGraph(client, "rsa:1", "step", 8)
