@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -191,6 +192,9 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="rtserve-profile-"))
     port = free_port()
+    # every round's sessions are opened before the sampling starts: room for all of them under one client address
+    opened = (options.rounds + 1) * max(options.sessions, 8)
+    os.environ.setdefault("RTSERVE_MAX_SESSIONS_PER_KEY", str(max(1000, 2 * opened)))
     with EmbeddedRedis() as redis:
         server = Server.rtserve(options.model_repository, port, folder / "server.log", redis.url)
         try:

@@ -54,9 +54,11 @@ def machine_name(machine: Mapping[str, Any]) -> str:
 
 
 def machine_slug(machine: Mapping[str, Any]) -> str:
-    """File-name form of the machine: ``amd-epyc-2c`` or ``nvidia-h100-80gb-hbm3``."""
+    """File-name form of the machine: ``amd-epyc-2c``, ``intel-xeon-processor-2c`` (no trademark signs) or
+    ``nvidia-h100-80gb-hbm3``."""
     name = machine["gpus"][0] if machine["gpus"] else f"{machine['cpu']} {machine['cores']}c"
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "machine"
+    name = re.sub(r"\((r|tm)\)|[®™]", "", name.lower())
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "machine"
 
 
 # ---- targets -------------------------------------------------------------------------------------
@@ -252,8 +254,10 @@ def triton_section(run: Mapping[str, Any]) -> list[str]:
         "step.onnx)",
         "",
         f"Closed loop, one client for both ({run['client_processes']} processes, asyncio + aiohttp, on the same "
-        f"{run['cores']} cores as the servers): N sessions each send their pieces in order, waiting for each "
-        "answer. Server CPU: the server's whole process tree (rtserve with the bench's Redis; Triton with its "
+        f"{run['cores']} cores as the servers): N sessions at a time each send their pieces in order, waiting for "
+        "each answer, more sessions following in the N slots until a run lasts at least "
+        f"{run.get('min_pieces', {}).get('forecast', 0):,} RSA pieces ({run.get('min_pieces', {}).get('classify', 0)} "
+        "RMT). Server CPU: the server's whole process tree (rtserve with the bench's Redis; Triton with its "
         f"backend stubs). Ratios: rtserve / Triton ({configurations}), medians of per-repeat ratios. "
         "`*`: the client was the limit in a run (see the notes).",
         "",

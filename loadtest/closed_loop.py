@@ -1,5 +1,7 @@
 """One closed-loop load client for every server the bench compares: N concurrent sessions, each sending its K
 pieces in order and waiting for each answer, driven from several client processes, with the CPU of each side.
+A run may hold more sessions than it keeps in flight (``concurrency``): they then follow one another in N slots,
+so that a run lasts long enough to be measured while N sessions at a time is what the servers see.
 
 Transports (:data:`TRANSPORTS`):
 
@@ -58,7 +60,7 @@ class Run:
     """What one closed-loop run measured."""
 
     transport: str
-    sessions: int
+    sessions: int  # in flight at a time
     pieces: int  # answered
     wall_seconds: float
     latencies: list[float]  # seconds, every answered piece
@@ -177,23 +179,38 @@ def _error(error: BaseException) -> str:
 
 
 async def _run_share(connection: Any, target: Target, sessions: list[list[bytes]], first_id: int,
-                     keep_answers: bool) -> None:
-    """One worker's share of a run, in the order the parent drives it (ready, go, done, clean)."""
+                     keep_answers: bool, slots: int) -> None:
+    """One worker's share of a run, in the order the parent drives it (ready, go, done, clean): every session is
+    opened before the clock starts; then ``slots`` sessions are in flight at a time, each slot's one after another."""
     import aiohttp
 
     headers = {"content-type": "application/json"} | ({"x-api-key": target.api_key} if target.api_key else {})
+    connections = len(sessions) if target.transport == "rtserve-ws" else slots  # a stream holds its own
     http = aiohttp.ClientSession(target.url, headers=headers,
                                  timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
-                                 connector=aiohttp.TCPConnector(limit=len(sessions) + 4))
+                                 connector=aiohttp.TCPConnector(limit=connections + 4))
     drivers = [SessionDriver(http, target, bodies, first_id + index) for index, bodies in enumerate(sessions)]
+    failures: list[BaseException] = []
+
+    async def open_in_slot(first: int) -> None:  # as many connections as slots, as in the timed part
+        for driver in drivers[first::slots]:
+            try:
+                await driver.open()
+            except Exception as error:  # noqa: BLE001 - reported to the parent
+                failures.append(error)
+
     try:
-        opened = await asyncio.gather(*(driver.open() for driver in drivers), return_exceptions=True)
-        failures = [error for error in opened if isinstance(error, BaseException)]
+        await asyncio.gather(*(open_in_slot(first) for first in range(slots)))
         unavailable = next((str(error) for error in failures if isinstance(error, Unavailable)), None)
         connection.send(("ready", unavailable, [_error(error) for error in failures][:3]))
         if connection.recv() == "go":
             cpu, started = time.process_time(), time.monotonic()
-            done = await asyncio.gather(*(driver.pieces() for driver in drivers), return_exceptions=True)
+
+            async def slot(first: int) -> None:
+                for driver in drivers[first::slots]:
+                    await driver.pieces()
+
+            done = await asyncio.gather(*(slot(first) for first in range(slots)), return_exceptions=True)
             ended, cpu = time.monotonic(), time.process_time() - cpu
             connection.send(("done", {
                 "started": started, "ended": ended, "cpu": cpu,
@@ -214,9 +231,9 @@ def worker_main(connection: Any) -> None:
         message = connection.recv()
         if message[0] == "stop":
             return
-        _, target, sessions, first_id, keep_answers = message
+        _, target, sessions, first_id, keep_answers, slots = message
         try:
-            asyncio.run(_run_share(connection, target, sessions, first_id, keep_answers))
+            asyncio.run(_run_share(connection, target, sessions, first_id, keep_answers, slots))
         except Exception as error:  # noqa: BLE001 - the parent hears of it instead of waiting forever
             connection.send(("failed", _error(error)))
 
@@ -254,12 +271,15 @@ class ClientPool:
         return message
 
     def run(self, target: Target, sessions: Sequence[list[bytes]], server_cpu: Callable[[], float],
-            keep_answers: bool = False) -> Run:
-        """Every session's pieces, closed loop, spread over the client processes (round robin)."""
-        used = min(self.processes, len(sessions))
+            keep_answers: bool = False, concurrency: int | None = None) -> Run:
+        """Every session's pieces, closed loop, spread over the client processes (round robin), at most
+        ``concurrency`` sessions in flight (default: all of them at once)."""
+        concurrency = min(concurrency or len(sessions), len(sessions))
+        used = min(self.processes, concurrency)
         shares = [list(sessions[index::used]) for index in range(used)]
         for index, share in enumerate(shares):
-            self.connections[index].send(("run", target, share, self._next_id, keep_answers))
+            slots = len(range(index, concurrency, used))
+            self.connections[index].send(("run", target, share, self._next_id, keep_answers, slots))
             self._next_id += len(share)
         ready = [self._receive(self.connections[index], "ready") for index in range(used)]
         unavailable = next((message[1] for message in ready if message[1]), None)
@@ -270,7 +290,7 @@ class ClientPool:
             for index in range(used):
                 self._receive(self.connections[index], "clean")
             if unavailable:
-                return Run(target.transport, len(sessions), 0, 0.0, [], 0.0, 0.0, 0.0, used, [], [], unavailable)
+                return Run(target.transport, concurrency, 0, 0.0, [], 0.0, 0.0, 0.0, used, [], [], unavailable)
             raise RuntimeError(f"{target.transport}: opening the sessions failed: {setup_errors[:3]}")
         server_before = server_cpu()
         for index in range(used):
@@ -284,7 +304,7 @@ class ClientPool:
         latencies = [seconds for share in done for seconds in share["latencies"]]
         wall = max(share["ended"] for share in done) - min(share["started"] for share in done)
         return Run(
-            transport=target.transport, sessions=len(sessions), pieces=len(latencies), wall_seconds=wall,
+            transport=target.transport, sessions=concurrency, pieces=len(latencies), wall_seconds=wall,
             latencies=latencies, server_cpu_seconds=server_seconds,
             client_cpu_seconds=sum(share["cpu"] for share in done),
             client_busy=max(share["cpu"] / max(share["ended"] - share["started"], 1e-9) for share in done),

@@ -62,7 +62,7 @@ def find_perf_analyzer(venv: Path) -> PerfAnalyzer | str:
     for bundled in sorted(venv.glob("lib/python3*/site-packages/nvidia_pytriton.libs/*")):
         for prefix, name in (("libb64-", "libb64.so.0d"), ("libcudart-", "libcudart.so.12")):
             if bundled.name.startswith(prefix) and not (links / name).exists():
-                (links / name).symlink_to(bundled)
+                (links / name).symlink_to(bundled.resolve())  # the venv may be named relative to here
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(links),
                                                                         os.environ.get("LD_LIBRARY_PATH")])))
     try:

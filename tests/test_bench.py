@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.bench_gpu import EnergyMeter, energy_rates
-from loadtest.bench_report import check_targets
+from loadtest.bench_report import check_targets, machine_slug
 from loadtest.metrics import SEGMENT_ROUTE, histogram_mean, metric_delta, redis_share
 from tests.fake_nvml import FakeNvml, NoNvml
 
@@ -134,3 +134,9 @@ def test_redis_share_counts_the_segment_routes_operations_only():
     assert share["segment_route_seconds"] == pytest.approx(2.0)
     assert share["share"] == pytest.approx(0.04)  # (0.03 + 0.05) / 2
     assert histogram_mean(delta, "rtserve_batch_size", model="m:1") == pytest.approx(3.0)
+
+
+def test_report_file_names_say_the_machine_without_trademark_signs():
+    assert machine_slug({"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "gpus": []}) == "intel-xeon-processor-2c"
+    assert machine_slug({"cpu": "AMD EPYC", "cores": 2, "gpus": []}) == "amd-epyc-2c"
+    assert machine_slug({"cpu": "Intel(R) Xeon(R)", "cores": 16, "gpus": ["NVIDIA H200"]}) == "nvidia-h200"

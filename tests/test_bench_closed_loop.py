@@ -195,6 +195,7 @@ class FakeSessionStream:
 
         self.frames: list[dict] = []
         self.deleted: list[str] = []
+        self.in_flight = self.most_in_flight = 0  # sessions between their first piece and their third
         app = web.Application()
         app.router.add_post("/sessions", self.create)
         app.router.add_post("/sessions/{id}/finish", self.finish)
@@ -242,6 +243,8 @@ class FakeSessionStream:
                 await ws.send_json({"event": "error", "data": {"expected_seq": seq + 1}, "status": 409})
             else:
                 seq += 1
+                self.in_flight += (seq == 1) - (seq == 3)
+                self.most_in_flight = max(self.most_in_flight, self.in_flight)
                 await ws.send_json({"session": {"seq": seq, "segments": seq}, "replayed": False,
                                     "result": {"forecast": [[float(seq)]]}})
         return ws
@@ -272,3 +275,20 @@ def test_the_session_stream_sends_piece_frames_in_order_and_finishes_or_says_it_
         pool.close()
         served.close()
         missing.close()
+
+
+def test_a_run_of_more_sessions_than_its_concurrency_keeps_that_many_in_flight_and_answers_every_piece():
+    from loadtest.closed_loop import ClientPool
+
+    pieces = [[json.dumps({"seq": k, "rows": [[1.0]]}).encode() for k in (1, 2, 3)] for _ in range(12)]
+    pool = ClientPool(2)
+    served = FakeSessionStream(with_stream=True)
+    try:
+        run = pool.run(Target("rtserve-ws", served.url, "m:1"), pieces, lambda: 0.0, keep_answers=True,
+                       concurrency=3)
+        assert run.errors == [] and run.pieces == 36 and run.sessions == 3 and run.processes == 2
+        assert [answer["session"]["seq"] for answer in run.answers] == [3] * 12 and len(served.deleted) == 12
+        assert 1 <= served.most_in_flight <= 3
+    finally:
+        pool.close()
+        served.close()

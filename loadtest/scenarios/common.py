@@ -38,6 +38,10 @@ class Counts:
     settle_seconds: float = 0.2  # pause before each timed run: ONNX Runtime's idle threads stop spinning
     triton_sessions: tuple[int, ...] = (1, 16, 32)  # rtserve beside Triton: concurrent sessions
     triton_rsa_extra_pieces: int = 12  # RSA pieces after the look-back there (RMT: `pieces` one-segment pieces)
+    # pieces a run of the Triton comparison lasts at least (its sessions follow one another in N slots): CPU is
+    # read in 10 ms ticks, and 16 sessions' pieces take a fifth of a second
+    triton_rsa_min_pieces: int = 4096
+    triton_rmt_min_pieces: int = 64
     sweep_sessions: tuple[int, ...] = (1, 8, 32, 128, 512)  # the capacity sweep's session counts (--sweep-max)
     sweep_pieces: int = 8  # pieces per session in the sweep (RSA: after the look-back)
 
@@ -45,7 +49,8 @@ class Counts:
 # a smoke test of the instrument, not a measurement
 QUICK = Counts(e2e_sessions=1, pieces=2, sessions=(2, 4), articles=2, article_chars=400, rsa_sessions=3,
                rsa_piece_rows=8, rsa_extra_pieces=1, gpu_sessions=4, floor_sessions=3, floor_rsa_extra_pieces=1,
-               settle_seconds=0.01, triton_sessions=(1, 2), triton_rsa_extra_pieces=1, sweep_sessions=(1, 4),
+               settle_seconds=0.01, triton_sessions=(1, 2), triton_rsa_extra_pieces=1, triton_rsa_min_pieces=0,
+               triton_rmt_min_pieces=0, sweep_sessions=(1, 4),
                sweep_pieces=2)
 
 

@@ -8,10 +8,12 @@ instance, ``max_queue_delay`` 0 (and with ``--triton-queue-delays-ms 0,5`` also 
 Runtime gets rtserve's intra-op threads (the setting, else the manifest's: one for RSA).
 
 Per model (the RSA forecaster: rows; the RMT classifier: text, every piece exactly one segment, cut by the same
-cutter on both servers) and per session count (1, 16, 32): N sessions each send K pieces in order, waiting for
-each answer (:mod:`loadtest.closed_loop`, several client processes), over rtserve's HTTP route, rtserve's session
-stream (where this rtserve serves it) and Triton's KServe v2 HTTP/JSON ``infer``. The sides take turns run by
-run, in an order that reverses from one repeat to the next; medians over ``--repeats``, every run kept in the JSON.
+cutter on both servers) and per session count (1, 16, 32): N sessions at a time each send K pieces in order,
+waiting for each answer (:mod:`loadtest.closed_loop`, several client processes), more sessions following in the N
+slots until a run holds at least ``triton_rsa_min_pieces`` pieces (RMT: ``triton_rmt_min_pieces``), over rtserve's
+HTTP route, rtserve's session stream (where this rtserve serves it) and Triton's KServe v2 HTTP/JSON ``infer``. The
+sides take turns run by run, in an order that reverses from one repeat to the next; medians over ``--repeats``,
+every run kept in the JSON.
 Per side: pieces/s, p50 and p99 piece latency, server CPU per piece (the server's whole process tree: rtserve's
 with the bench's Redis, Triton's with its backend stubs), the client's CPU per piece, and whether the client was
 the limit. Ratios rtserve / Triton are the medians of the ratios within a repeat. The first repeat's last answer
@@ -158,8 +160,10 @@ async def compare_task(bench: Bench, pool: ClientPool, task: str, sides: list[Si
             log.info("  %s: %s", side.name, run.unavailable)
             continue
         served.append(side)
+    least = bench.counts.triton_rsa_min_pieces if task == "forecast" else bench.counts.triton_rmt_min_pieces
     for count in counts:
-        chosen = bodies[:count]
+        waves = max(1, math.ceil(least / (count * len(bodies[0]))))  # count sessions at a time, waves after waves
+        chosen = [bodies[index % count] for index in range(count * waves)]
         rows: list[dict[str, Any]] = []
         differences: dict[str, float | None] = {}
         for repeat in range(bench.repeats):
@@ -167,7 +171,7 @@ async def compare_task(bench: Bench, pool: ClientPool, task: str, sides: list[Si
             runs: dict[str, Run] = {}
             for side in served if repeat % 2 == 0 else served[::-1]:
                 await bench.settle()
-                run = await asyncio.to_thread(pool.run, side.target, chosen, side.server_cpu, repeat == 0)
+                run = await asyncio.to_thread(pool.run, side.target, chosen, side.server_cpu, repeat == 0, count)
                 if run.errors:
                     raise BenchError(f"triton scenario, {side.name}, {count} sessions: {run.errors[:3]}")
                 runs[side.name], row[side.name] = run, figures(run, cores)
@@ -179,7 +183,7 @@ async def compare_task(bench: Bench, pool: ClientPool, task: str, sides: list[Si
             log.info("  %s, %d sessions, repeat %d: %s", task, count, repeat + 1, ", ".join(
                 f"{name} {figure['pieces_per_second']:.1f}/s" for name, figure in row.items()))
             rows.append(row)
-        result["sessions"][str(count)] = {"sessions": count, **summarize(rows, served),
+        result["sessions"][str(count)] = {"sessions": count, "sessions_in_all": len(chosen), **summarize(rows, served),
                                           "answers_max_abs_difference": differences, "repeats": rows}
     return result
 
@@ -202,6 +206,8 @@ async def run_triton(bench: Bench, install: TritonInstall) -> dict[str, Any]:
     processes = options.client_processes or default_processes()
     results: dict[str, Any] = {"client_processes": processes, "cores": len(os.sched_getaffinity(0)),
                                "queue_delays_ms": list(delays), "venv": str(install.venv), "models": {},
+                               "min_pieces": {"forecast": bench.counts.triton_rsa_min_pieces,
+                                              "classify": bench.counts.triton_rmt_min_pieces},
                                "per_piece": PER_PIECE}
     try:
         results["triton_version"] = await server.wait_models(client, options.startup_timeout)
