@@ -28,16 +28,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# model_repository/ is a build output: exported from the committed weights/ when missing, or when it lacks the
-# graphs of the configured backend (RTSERVE_BACKEND: onnx by default, torchscript; torch reads the checkpoints).
-# The export writes only those graphs, and one line per model to stderr (its JSON lines, for scripts, are dropped).
+# model_repository/ is a build output: exported from the committed weights/ for each model's serving backend
+# (RTSERVE_MODEL_BACKENDS, else RTSERVE_BACKEND: onnx by default, torchscript; torch reads the checkpoint). An entry
+# that lacks the graphs its backend loads is exported again; the others are left as they are. Progress: one line
+# per model exported, on stderr (its JSON lines, for scripts, are dropped).
 model-repository: $(STAMP)
-	@repository="$${RTSERVE_MODEL_REPOSITORY:-model_repository}"; \
-	case "$${RTSERVE_BACKEND:-onnx}" in onnx) graph=onnx ;; torchscript) graph=ts ;; *) graph= ;; esac; \
-	if ls weights/*/config.json >/dev/null 2>&1 && { [ ! -d "$$repository" ] || \
-		{ [ -n "$$graph" ] && ! ls "$$repository"/*/*/*."$$graph" >/dev/null 2>&1; }; }; then \
-		echo "exporting weights/ into $$repository/ for the $${RTSERVE_BACKEND:-onnx} backend (once)"; \
-		$(BIN)/rtserve export --all weights --out "$$repository" >/dev/null; \
+	@if ls weights/*/config.json >/dev/null 2>&1; then \
+		$(BIN)/rtserve export --all weights --out "$${RTSERVE_MODEL_REPOSITORY:-model_repository}" --missing >/dev/null; \
 	fi
 
 serve: $(STAMP) model-repository

@@ -47,6 +47,17 @@ def entry_name(folder: Path, name: str | None) -> str:
     return str(extras.get("name") or folder.resolve().name)
 
 
+def holds_graphs(entry: Path, formats: Sequence[str]) -> bool:
+    """Whether the entry folder ``entry`` holds a manifest, its checkpoint and every graph of ``formats``."""
+    try:
+        manifest = json.loads((entry / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (entry / "checkpoint").is_dir() and all(
+        (entry / graph.get("files", {}).get(form, "\0")).is_file()
+        for graph in manifest.get("graphs", []) for form in formats)
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="rtserve export", formatter_class=HelpFormatter,
@@ -63,6 +74,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--name", help="entry name (one checkpoint only; default: the checkpoint's name)")
     parser.add_argument("--version", default="1", help="entry version")
     parser.add_argument("--fp16", action="store_true", help="fp16 graph for GPU serving (ONNX only)")
+    parser.add_argument("--missing", action="store_true",
+                        help="export only the checkpoints whose entry lacks a graph it would get (what `make serve` "
+                        "runs: a repository exported for one backend gains the graphs of another when the settings "
+                        "change)")
     parser.add_argument("--cpu-threads", type=int, default=None, metavar="N",
                         help="intra-op threads written into the manifest for CPU runs of every graph but a decode "
                         "graph (0: ONNX Runtime's pool of every core); default: timed on this machine, one thread "
@@ -103,7 +118,16 @@ def main(argv: Sequence[str]) -> int:
                 formats = served_formats(name)
             except ValueError as error:
                 parser.error(f"{error} (or name the graphs with --format)")
+        if args.missing and not args.fp16:
+            entry = Path(args.out) / name / args.version
+            if holds_graphs(entry, formats):
+                continue
+            # the entry is written afresh: keep the graphs it holds for another backend
+            formats = tuple(dict.fromkeys([*(f for f in FORMATS if holds_graphs(entry, (f,))), *formats]))
         plan.append((folder, name, formats))
+    if not plan:
+        print(f"rtserve export: every entry in {args.out}/ holds the graphs its backend loads", file=sys.stderr)
+        return 0
     print(f"rtserve export: {len(plan)} checkpoint{'s' if len(plan) > 1 else ''} into {args.out}/", file=sys.stderr,
           flush=True)
     from export.exporter import export_checkpoint  # torch: after the line above, which a first run waits for

@@ -94,3 +94,19 @@ def test_a_folder_that_is_no_checkpoint_is_one_line_and_exit_status_1(tmp_path, 
 
 def test_the_command_knows_every_format_the_exporter_writes():
     assert FORMATS == exporter.FORMATS
+
+
+def test_missing_exports_only_an_entry_that_lacks_the_graphs_its_backend_loads_and_keeps_the_others(
+        checkpoint, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "repository"
+    entry = out / "rsa-tiny" / "1"
+    export(["--all", str(checkpoint.parent), "--out", str(out), "--missing"], 0o022, capsys, monkeypatch)
+    assert graphs_in(entry) == {"onnx"}
+    written = (entry / "step.onnx").stat().st_mtime_ns
+    printed = export(["--all", str(checkpoint.parent), "--out", str(out), "--missing"], 0o022, capsys, monkeypatch)
+    assert printed.out == "" and (entry / "step.onnx").stat().st_mtime_ns == written
+    assert printed.err.strip() == f"rtserve export: every entry in {out}/ holds the graphs its backend loads"
+    # the settings now serve it with TorchScript: its graphs are added, the ONNX ones kept
+    export(["--all", str(checkpoint.parent), "--out", str(out), "--missing"], 0o022, capsys, monkeypatch,
+           RTSERVE_MODEL_BACKENDS='{"rsa-tiny": "torchscript"}')
+    assert graphs_in(entry) == {"onnx", "torchscript"}
