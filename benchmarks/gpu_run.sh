@@ -5,9 +5,10 @@
 #
 #   benchmarks/gpu_run.sh [--device cuda|cpu] [--quick] [--carry DIR] [--workers N] [--sweep-max N] [--report NAME]
 #                         [--budget SECONDS]
+#   RTSERVE_GPU_RUN_COMPILE=1 also times torch.compile in step 2 (its compiles take minutes per graph).
 #
-# Steps, each timed and bounded by what is left of --budget seconds (default 570: the device tool stops a command at
-# 600), each failure said and the run going on (README.md in the report lists them), the measurements first:
+# Steps, each timed and bounded by what is left of --budget seconds (default 570, for a host that stops a command at
+# 600 s), each failure said and the run going on (README.md in the report lists them), the measurements first:
 #   0. probe: Python, torch and CUDA, ONNX Runtime and its providers, the imports rtserve lacks;
 #   1. environment: the carried wheels of the missing imports unpacked into a folder put first on PYTHONPATH
 #      (benchmarks/gpu_env.py; no pip, no venv: the host's torch stays the one imported); MiniLM's weights (carried,

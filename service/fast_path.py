@@ -1,7 +1,7 @@
 """JSON bodies read once, and the fast path a route's plain requests take through the same door.
 
-Every route that takes a JSON body uses :class:`JSONBodyRoute`. Before its endpoint runs, the route reads the body
-once:
+Every route of the native API that takes a JSON body uses :class:`JSONBodyRoute` (the KServe v2 routes read theirs
+themselves: a body there may carry binary tensors). Before its endpoint runs, the route reads the body once:
 
 - a body sent without ``Content-Type: application/json`` is refused (415) with what to send instead (a plain
   ``curl -d`` sends a form);

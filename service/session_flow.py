@@ -91,7 +91,7 @@ class SessionFlow:
         incarnation, :meth:`SessionStore.create`)."""
         state = model.new_state()
         meta = await self.sessions.create(model.ref, model.task, owner, state, quota, session_id)
-        self.cache.keep(meta.id, Kept(meta, state, {}, indexes_touched=time.time()))
+        self.cache.keep(meta.id, Kept(meta, state, indexes_touched=time.time()))
         return meta
 
     def model_of(self, meta: SessionMeta) -> LoadedModel:
@@ -215,7 +215,7 @@ class SessionFlow:
                         consumed.chunk)
         fresh = await self.sessions.commit(meta, written, token, touch)
         touched = now if touch or kept is None else kept.indexes_touched
-        self.cache.keep(meta.id, Kept(fresh, consumed.state, consumed.result, touched))
+        self.cache.keep(meta.id, Kept(fresh, consumed.state, touched))
         self.metrics.labelled(self.metrics.session_state_bytes, model.ref).observe(fresh.state_bytes)
         return Applied(fresh, consumed.result, replayed=False)
 
@@ -305,9 +305,9 @@ class SessionFlow:
         if kept is not None and taken == (kept.meta.seq, kept.meta.epoch):
             meta = kept.meta
         else:
-            meta, state, last_result, _ = await self.sessions.snapshot(session_id, owner)
+            meta, state, _, _ = await self.sessions.snapshot(session_id, owner)
             if meta.status is SessionStatus.OPEN:
-                self.cache.keep(session_id, Kept(meta, state, last_result or {}, indexes_touched=0.0))
+                self.cache.keep(session_id, Kept(meta, state, indexes_touched=0.0))
                 if kept is None:  # not taken above
                     await self.sessions.leases.take_for_stream(session_id, lease)
         if meta.status is SessionStatus.OPEN:

@@ -179,7 +179,7 @@ def test_one_shot_fast_and_validated_bodies_answer_alike(client, monkeypatch):
 
 def test_a_create_by_the_fast_path_answers_what_the_endpoint_answers(client, monkeypatch):
     """A body of plain strings is created by the route's fast path, one only validation reads (``task`` and ``model``
-    both null) by the endpoint, which refuses it as before; the fast path's answer is the response model's."""
+    both null) by the endpoint, which refuses it with its own 422; the fast path's answer is the response model's."""
     from service.routers import sessions as sessions_routes
     from service.schemas import SessionInfo
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -25,7 +24,6 @@ from service.sessions.meta import SessionMeta
 class Kept:
     meta: SessionMeta  # after the last piece this replica applied
     state: dict[str, np.ndarray]  # the bounded state that piece left (what Redis holds for meta.seq)
-    result: dict[str, Any]  # that piece's result (a retry of it is answered with it, after a check in Redis)
     indexes_touched: float  # time.time() at which this replica last moved the session's index entries
     pins: int = 0  # open streams holding the entry
     nbytes: int = field(init=False)  # the state's bytes, counted against the cache's bound

@@ -5,7 +5,7 @@ The lock is ``<prefix>:{<id>}:lock``, a token with an expiry of ``RTSERVE_SESSIO
 holding it stalls the session for at most one lease. It only saves duplicate work; exactly-once rests on the commit's
 compare-and-set (:mod:`service.sessions.scripts`). A piece's token is ``<seq>:<random>``, taken by the BEGIN script;
 a stream's is ``stream:<random>``, taken when the stream opens (taking over a lease another stream left: the client
-that reconnects is the one that knows) and given back when it closes.
+that reconnects is the one that knows) and no longer renewed when it closes, so that it lapses within a lease.
 
 :class:`Leases` renews every lease this process holds from one keeper task, all in one round trip per beat, as
 redis-py's ``Lock.extend`` would one at a time: holding a lease costs a dictionary entry, not a task or a round trip
