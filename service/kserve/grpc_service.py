@@ -252,34 +252,31 @@ class InferStream:
         self.closing.set()
 
     async def run(self, requests: AsyncIterator[Any]) -> None:
-        iterator = requests.__aiter__()
         closing = asyncio.ensure_future(self.closing.wait())
-        reading: asyncio.Future[Any] | None = None
+        reader = asyncio.ensure_future(self._read(requests))  # one task for the whole stream, not one per request
         try:
-            while True:
-                reading = asyncio.ensure_future(iterator.__anext__())
-                await asyncio.wait((reading, closing), return_when=asyncio.FIRST_COMPLETED)
-                if not reading.done():  # shutting down while the client is quiet: stop reading
-                    break
-                try:
-                    message = reading.result()
-                except StopAsyncIteration:
-                    break
-                self._dispatch(message)
-                if self.closing.is_set():
-                    break
+            await asyncio.wait((reader, closing), return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()  # the client's stream failed: as the call's error
             if self._tasks:
                 await asyncio.wait(list(self._tasks))
         finally:
             closing.cancel()
-            if reading is not None:  # the client left or the replica stops: the read in flight ends unheard
-                reading.cancel()
-                reading.add_done_callback(lambda done: done.cancelled() or done.exception())
+            if not reader.done():  # shutting down while the client is quiet, or the client left: stop reading
+                reader.cancel()
+                reader.add_done_callback(lambda done: done.cancelled() or done.exception())
             for task in self._tasks:
                 task.cancel()
             cache = self.servicer.inference.flow.cache
             for session_id in self._pinned:
                 cache.unpin(session_id)
+
+    async def _read(self, requests: AsyncIterator[Any]) -> None:
+        """Dispatch each request as it comes, until the client ends its side or the replica starts shutting down."""
+        async for message in requests:
+            self._dispatch(message)
+            if self.closing.is_set():
+                return
 
     def _dispatch(self, message: Any) -> None:
         parameters = message.parameters
