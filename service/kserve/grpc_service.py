@@ -258,13 +258,15 @@ class InferStream:
             await asyncio.wait((reader, closing), return_when=asyncio.FIRST_COMPLETED)
             if reader.done():
                 reader.result()  # the client's stream failed: as the call's error
+            else:  # shutting down while the client is quiet: read no more, answer what is in flight
+                reader.cancel()
             if self._tasks:
                 await asyncio.wait(list(self._tasks))
         finally:
             closing.cancel()
-            if not reader.done():  # shutting down while the client is quiet, or the client left: stop reading
+            if not reader.done():  # the call ends (the client left, or an error): the read in flight ends unheard
                 reader.cancel()
-                reader.add_done_callback(lambda done: done.cancelled() or done.exception())
+            reader.add_done_callback(lambda done: done.cancelled() or done.exception())
             for task in self._tasks:
                 task.cancel()
             cache = self.servicer.inference.flow.cache
