@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import signal
 import subprocess
@@ -33,7 +32,6 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -101,29 +99,17 @@ def main_thread_cpu_seconds(pid: int) -> float:
     return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
-async def stream_pieces(url: str, session_id: str, session: Any) -> None:
-    """A session's pieces over its stream: each piece frame, then its answer frame."""
-    import aiohttp
-
-    async with aiohttp.ClientSession() as http, http.ws_connect(
-            f"{url.replace('http', 'ws', 1)}/sessions/{session_id}/stream") as stream:
-        opened = await stream.receive_json()
-        assert opened["event"] == "open", opened
-        for seq, body in enumerate(session.pieces, start=1):
-            await stream.send_str(body.decode())
-            answer = await stream.receive_json()
-            if answer.get("event") == "error" or answer["session"]["seq"] != seq:
-                raise RuntimeError(f"piece {seq} over the stream: {str(answer)[:200]}")
-
-
 async def drive(url: str, task: str, sessions_count: int, repository: Path, data: Path, rounds: int,
                 pid: int, spy_out: Path, rate: int, transport: str) -> tuple[Counter[str], float, float, int]:
-    from loadtest import bench_inputs as inputs
-    from loadtest.harness import Client, tree_cpu_seconds
-    from loadtest.sessions import close_session, open_session, send_pieces
+    import aiohttp
 
-    client = Client(url, None, sessions_count + 4, 2.0)
+    from loadtest import bench_inputs as inputs
+    from loadtest.closed_loop import SessionDriver, Target
+    from loadtest.harness import Client, tree_cpu_seconds
+
+    client = Client(url, None, 4, 2.0)
     models = await client.models()
+    await client.close()
     model = next(m for m in models if m["task"] == task and m["family"] in ("rsa", "rmt"))
     entry = repository / model["name"] / model["version"]
     if task == "forecast":
@@ -134,44 +120,43 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
         sessions = inputs.classify_sessions(entry, model["manifest"], inputs.hyperpartisan_texts(data),
                                             max(sessions_count, 32), 8)
     ref = f"{model['name']}:{model['version']}"
-
+    target = Target("rtserve-ws" if transport == "stream" else "rtserve-http", url, ref)
     chosen = sessions[:sessions_count] if sessions_count > 1 else sessions[:8]
+    http = aiohttp.ClientSession(url, headers={"content-type": "application/json"},
+                                 connector=aiohttp.TCPConnector(limit=0))
 
-    async def one(session_id: str, session: Any) -> None:
-        if transport == "stream":
-            await stream_pieces(url, session_id, session)
-        else:
-            await send_pieces(client, session_id, session)
+    async def open_all() -> list[SessionDriver]:  # the session and its stream, before the clock: not the pieces' CPU
+        drivers = [SessionDriver(http, target, s.pieces, 0) for s in chosen]
+        for driver in drivers:
+            await driver.open()
+        return drivers
 
-    async def send(ids: list[str]) -> int:
+    async def send(drivers: list[SessionDriver]) -> int:
         if sessions_count > 1:
-            await asyncio.gather(*(one(i, s) for i, s in zip(ids, chosen, strict=True)))
+            await asyncio.gather(*(driver.pieces() for driver in drivers))
         else:
-            for i, s in zip(ids, chosen, strict=True):
-                await one(i, s)
+            for driver in drivers:
+                await driver.pieces()
         return sum(len(s.pieces) for s in chosen)
 
-    async def open_all(count: int) -> list[list[str]]:
-        return [[await open_session(client, ref) for _ in chosen] for _ in range(count)]
-
-    warm = await open_all(1)
-    await send(warm[0])  # warm-up
-    opened = await open_all(rounds)  # before sampling: the samples and the CPU are the pieces' alone
+    warm = await open_all()
+    await send(warm)  # warm-up
+    opened = [await open_all() for _ in range(rounds)]
     server = psutil.Process(pid)
     spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--gil",
                             "--format", "raw", "--rate", str(rate), "--output", str(spy_out)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     await asyncio.sleep(2.0)  # py-spy attached
     cpu_before, main_before, pieces = tree_cpu_seconds(server), main_thread_cpu_seconds(pid), 0
-    for ids in opened:
-        pieces += await send(ids)
+    for drivers in opened:
+        pieces += await send(drivers)
     cpu = tree_cpu_seconds(server) - cpu_before
     main = main_thread_cpu_seconds(pid) - main_before
     spy.send_signal(signal.SIGINT)
     spy.wait(timeout=60)
-    for ids in [*warm, *opened]:
-        await asyncio.gather(*(close_session(client, i) for i in ids))
-    await client.close()
+    for drivers in [warm, *opened]:
+        await asyncio.gather(*(driver.close() for driver in drivers))
+    await http.close()
     return read_samples(spy_out), cpu, main, pieces
 
 
@@ -194,9 +179,9 @@ def main() -> None:
     port = free_port()
     # every round's sessions are opened before the sampling starts: room for all of them under one client address
     opened = (options.rounds + 1) * max(options.sessions, 8)
-    os.environ.setdefault("RTSERVE_MAX_SESSIONS_PER_KEY", str(max(1000, 2 * opened)))
+    room = {"RTSERVE_MAX_SESSIONS_PER_KEY": str(max(1000, 2 * opened))}
     with EmbeddedRedis() as redis:
-        server = Server.rtserve(options.model_repository, port, folder / "server.log", redis.url)
+        server = Server.rtserve(options.model_repository, port, folder / "server.log", redis.url, room)
         try:
             from loadtest.harness import Client
 

@@ -47,15 +47,16 @@ def entry_name(folder: Path, name: str | None) -> str:
     return str(extras.get("name") or folder.resolve().name)
 
 
-def holds_graphs(entry: Path, formats: Sequence[str]) -> bool:
-    """Whether the entry folder ``entry`` holds a manifest, its checkpoint and every graph of ``formats``."""
+def held_formats(entry: Path) -> set[str] | None:
+    """The formats whose every graph the entry folder ``entry`` holds; None when it holds no manifest or checkpoint."""
     try:
-        manifest = json.loads((entry / "manifest.json").read_text())
+        graphs = json.loads((entry / "manifest.json").read_text()).get("graphs", [])
     except (OSError, ValueError):
-        return False
-    return (entry / "checkpoint").is_dir() and all(
-        (entry / graph.get("files", {}).get(form, "\0")).is_file()
-        for graph in manifest.get("graphs", []) for form in formats)
+        return None
+    if not (entry / "checkpoint").is_dir():
+        return None
+    return {form for form in FORMATS
+            if all(form in graph.get("files", {}) and (entry / graph["files"][form]).is_file() for graph in graphs)}
 
 
 def main(argv: Sequence[str]) -> int:
@@ -119,11 +120,11 @@ def main(argv: Sequence[str]) -> int:
             except ValueError as error:
                 parser.error(f"{error} (or name the graphs with --format)")
         if args.missing and not args.fp16:
-            entry = Path(args.out) / name / args.version
-            if holds_graphs(entry, formats):
+            held = held_formats(Path(args.out) / name / args.version)
+            if held is not None and set(formats) <= held:
                 continue
             # the entry is written afresh: keep the graphs it holds for another backend
-            formats = tuple(dict.fromkeys([*(f for f in FORMATS if holds_graphs(entry, (f,))), *formats]))
+            formats = tuple(dict.fromkeys([*(f for f in FORMATS if f in (held or ())), *formats]))
         plan.append((folder, name, formats))
     if not plan:
         print(f"rtserve export: every entry in {args.out}/ holds the graphs its backend loads", file=sys.stderr)

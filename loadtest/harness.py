@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,9 +139,11 @@ class Server:
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 
     @classmethod
-    def rtserve(cls, repository: Path, port: int, log_path: Path, redis_url: str) -> Server:
+    def rtserve(cls, repository: Path, port: int, log_path: Path, redis_url: str,
+                settings: Mapping[str, str] | None = None) -> Server:
+        """``rtserve serve`` on ``port``; ``settings``: environment variables beside the bench's."""
         return cls([sys.executable, "-m", "rtserve.cli", "serve", "--host", HOST, "--port", str(port)],
-                   server_environment(repository, port, redis_url), port, log_path)
+                   {**server_environment(repository, port, redis_url), **(settings or {})}, port, log_path)
 
     def log_tail(self, characters: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-characters:]

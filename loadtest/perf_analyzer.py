@@ -40,7 +40,7 @@ import httpx
 import numpy as np
 import psutil
 
-from loadtest.harness import HOST, Server, free_port, server_environment, tree_cpu_seconds
+from loadtest.harness import HOST, Server, free_port, tree_cpu_seconds
 from loadtest.triton.server import TritonServer, find_triton, triton_venv
 
 HOW_TO_GET_IT = ("perf_analyzer comes with tritonclient 2.50.0 in the Triton peer's venv: `make peers` (.venv-peers), "
@@ -180,10 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only != "triton":
         with EmbeddedRedis(work / "redis") as redis:
             port, grpc_port = free_port(), free_port()
-            env = {**server_environment(args.repository, port, redis.url), "RTSERVE_GRPC_PORT": str(grpc_port),
-                   "RTSERVE_LOG_LEVEL": "warning"}
-            server = Server([sys.executable, "-m", "rtserve.cli", "serve", "--host", HOST, "--port", str(port)], env,
-                            port, work / "rtserve.log")
+            server = Server.rtserve(args.repository, port, work / "rtserve.log", redis.url,
+                                    {"RTSERVE_GRPC_PORT": str(grpc_port), "RTSERVE_LOG_LEVEL": "warning"})
             try:
                 wait_ready(f"http://{HOST}:{port}/v2/health/ready", server)
                 data = write_input_data(work / "rtserve.json", "ROWS", args.rows, width)

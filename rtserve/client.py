@@ -245,7 +245,7 @@ def _advance(plan: Plan, sent: Any, error: BaseException | None) -> Any:
 class _Broken:
     reason: str  # counted in ``session.reconnects``
     error: Exception  # raised when no attempt is left
-    wait: float | None = None  # the server's Retry-After
+    headers: Any = None  # the refusal's headers, where there was one (its Retry-After)
 
 
 class _Unavailable(Exception):
@@ -253,15 +253,17 @@ class _Unavailable(Exception):
     frame (Redis or the engine unavailable: the replica closes the stream with 1013, and the frame's outcome is
     unknown). Tried again on a new connection."""
 
-    def __init__(self, reason: str, error: APIError, wait: float | None = None) -> None:
-        super().__init__(str(error))
-        self.reason, self.error, self.wait = reason, error, wait
+    def __init__(self, broken: _Broken) -> None:
+        super().__init__(str(broken.error))
+        self.broken = broken
 
 
-def _diagnose(error: Exception, request: httpx.Request) -> _Broken | None:
-    """What a failure of a session's stream means, or None for one that is not the connection's (raised as is)."""
+def _diagnose(error: Exception, url: str) -> _Broken | None:
+    """What a failure of the session's stream at ``url`` means, or None for one that is not the connection's (raised
+    as is)."""
     if isinstance(error, _Unavailable):
-        return _Broken(error.reason, error.error, error.wait)
+        return error.broken
+    request = httpx.Request("GET", url)  # what the httpx error names
     if isinstance(error, ConnectionClosed):
         code = error.rcvd.code if error.rcvd is not None else None
         reason = f"closed {code}" if code is not None else "dropped"
@@ -482,9 +484,8 @@ class _SessionCalls:
             response = refused.response
             body = _json_object(bytes(response.body or b""))
             if response.status_code in RETRIED_STATUSES:
-                wait = response.headers.get("retry-after", "")
-                raise _Unavailable("refused 503", APIError(response.status_code, body or {"detail": "refused"}),
-                                   float(wait) if wait.isdigit() else None) from None
+                raise _Unavailable(_Broken("refused 503", APIError(response.status_code, body or {"detail": "refused"}),
+                                           response.headers)) from None
             if response.status_code == 404:  # no such session, or no such route: the session's route tells which
                 yield from self.client._exchange("GET", self.path)  # raises the session's 404
             elif body is not None and "request_id" in body:  # rtserve's refusal (a key it does not know: 401)
@@ -513,7 +514,7 @@ class _SessionCalls:
         lost on the way back): sent again with the same seq and content it is answered ``replayed``, with the result
         it had. A later one was not applied: now it is. Each attempt waits longer (``backoff``, doubled each time, or
         the server's Retry-After); after ``retries`` in a row the last failure is raised."""
-        text, request = json.dumps(frame), httpx.Request("GET", f"{self.client.url}{self.path}/stream")
+        text = json.dumps(frame)
         said = ""  # a summary's text emitted so far: after a reconnect the finish streams the summary from its start
         for attempt in range(self.client.retries + 1):
             try:
@@ -528,7 +529,7 @@ class _SessionCalls:
                     if event is None:  # a piece's or a finish's answer
                         return reply
                     if event == "error" and reply.get("status") in RETRIED_STATUSES:
-                        raise _Unavailable("error 503", APIError(reply["status"], reply["data"]))
+                        raise _Unavailable(_Broken("error 503", APIError(reply["status"], reply["data"])))
                     if event == "error":  # a 4xx: nothing was applied, and the stream stays open
                         if reply["status"] >= 500:  # the replica closes the stream after it (1011)
                             yield from self._close_stream()
@@ -543,14 +544,14 @@ class _SessionCalls:
                         yield Emit(("done", value))
                         return value
             except Exception as error:
-                broken = _diagnose(error, request)
+                broken = _diagnose(error, f"{self.client.url}{self.path}/stream")
                 if broken is None:
                     raise
                 yield from self._close_stream()
                 if attempt == self.client.retries:
                     raise broken.error from error
                 self.reconnects[broken.reason] += 1
-                yield IO("sleep", broken.wait if broken.wait is not None else self.client.backoff * 2**attempt)
+                yield IO("sleep", _retry_after(broken.headers, attempt, self.client.backoff))
         raise AssertionError("unreachable")
 
 

@@ -160,6 +160,8 @@ _RETRY = {
                                            "did apply answers replayed: true)",
     **{("POST", path): KSERVE_RETRY for path in ("/v2/models/{model_name}/infer",
                                                  "/v2/models/{model_name}/versions/{model_version}/infer")},
+    **{("GRPC", f"/inference.GRPCInferenceService/{method}"): KSERVE_RETRY
+       for method in ("ModelInfer", "ModelStreamInfer")},
 }
 
 

@@ -154,7 +154,7 @@ class SessionFlow:
         found the session moved on (another piece committed first, here or on another replica) is computed again
         from the state that one left. Nothing tells a retry from a new piece, so none is answered ``replayed``: a
         client that needs exactly-once numbers its pieces (:meth:`apply`)."""
-        expected = 0
+        expected, seq = 0, None  # seq: the next piece's number as last read (None: to read)
         for _ in range(NEXT_ROUNDS):
             kept = self.cache.get(session_id)
             if kept is not None and kept.meta.owner == owner and kept.meta.status is SessionStatus.OPEN:
@@ -168,8 +168,9 @@ class SessionFlow:
                     except LostRace:
                         self.cache.drop(session_id)
                         continue
-            known = await self.sessions.meta(session_id, owner)
-            seq = expected = known.seq + 1
+            if seq is None:
+                seq = (await self.sessions.meta(session_id, owner)).seq + 1
+            expected = seq
             begun = await self.sessions.begin(session_id, owner, seq)
             with about(begun.meta):
                 try:
@@ -182,16 +183,19 @@ class SessionFlow:
                     if begun.token is not None:
                         await self.sessions.leases.release(session_id, begun.token)
                     raise
-                if begun.meta.seq + 1 != seq:  # another piece committed between the two reads: read again
+                if begun.meta.seq + 1 != seq:  # another piece committed since: begin again from where it stands
+                    seq = begun.meta.seq + 1
                     continue
                 if begun.busy:  # another request is applying this very piece now: wait for its commit
                     await self.sessions.wait_for(session_id, seq)
+                    seq = None
                     continue
                 assert begun.state is not None, "the next piece's read brings its state"
                 try:
                     return await self._compute(model, begun.meta, begun.state, seq, piece, piece_digest(piece),
                                                begun.token, None)
                 except LostRace:
+                    seq = None
                     continue
         raise SequenceConflict(f"the next piece of session {session_id} could not be applied: other pieces kept "
                                "committing first; send it again", expected=expected)

@@ -177,3 +177,18 @@ async def test_a_session_created_again_under_its_id_is_a_new_incarnation_holding
     finally:
         await sessions.close()
         await store.close()
+
+
+def test_a_grpc_inference_that_redis_failed_says_what_a_retry_of_it_does():
+    from types import SimpleNamespace
+
+    from service.errors import KSERVE_RETRY, error_answer
+    from service.kserve.grpc_service import SERVICE
+    from service.state_store import StateStoreUnavailable
+
+    for method in ("ModelInfer", "ModelStreamInfer"):  # the scope a gRPC call's errors are answered in (Call)
+        route = SERVICE + method
+        status, body, headers = error_answer(StateStoreUnavailable("Redis is down"),
+                                             {"method": "GRPC", "route": SimpleNamespace(path=route)})
+        assert status == 503 and headers == {"Retry-After": "1"}
+        assert body["detail"].endswith(KSERVE_RETRY), body

@@ -364,3 +364,14 @@ async def test_every_held_lock_is_renewed_in_one_round_trip_and_a_lost_one_is_le
         AbstractConnection.send_packed_command = original
         await sessions.close()
         await store.close()
+
+
+def test_commands_packed_with_hiredis_are_the_bytes_redis_py_sends():
+    from redis.asyncio.connection import Connection
+
+    from service.state_store import hiredis_packing
+
+    plain, packed = Connection(), hiredis_packing(Connection)()
+    for command in (("EVALSHA", "abc", 2, "k1", "k2", b"\x00state", 1.5, -3), ("SCRIPT LOAD", "return 1"),
+                    (b"GET", "clé")):
+        assert b"".join(packed.pack_command(*command)) == b"".join(plain.pack_command(*command)), command

@@ -23,8 +23,10 @@ the messages are ``tritonclient[grpc]``'s, generated from Triton's protos. What 
 ``ModelStreamInfer`` is the gRPC twin of the session stream (``/sessions/{id}/stream``): one stream carries the
 pieces of any number of sequences (and requests outside any), each answered by one response carrying the request's
 ``id``. Each sequence's pieces are applied in the order the stream carries them, different sequences' at once, all
-through the same session flow as the other transports: their states stay in this replica's memory (pinned while the
-stream is open) and their commits are batched with every other commit of the moment.
+through the same session flow as the other transports: their states are kept in this replica's state cache, so a
+sequence's next piece reads nothing first, and their commits are batched with every other commit of the moment.
+(Unlike a session's WebSocket, a gRPC stream holds no session's lease: a heavy model's piece takes the session's lock
+as an HTTP piece does.)
 """
 
 from __future__ import annotations
@@ -209,11 +211,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._unary("ModelInfer", context, infer)
 
     async def answer(self, message: Any, call: Call, owner: str) -> Any:
-        self.inference.model(message.model_name, message.model_version)  # an unknown model first (404)
+        model = self.inference.model(message.model_name, message.model_version)  # an unknown model first (404)
+        call.note_model(model.ref)
         decoded = protobuf.read_request(message)
         quota = quota_of(self.settings, owner, call.host)
-        return await self.inference.infer(message.model_name, message.model_version, decoded, owner, quota,
-                                          note_model=call.note_model)
+        return await self.inference.infer(model, decoded, owner, quota)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> None:  # noqa: N802
         call = Call(context, "ModelStreamInfer")
@@ -246,7 +248,6 @@ class InferStream:
         self._chains: dict[tuple[str, str, Any], asyncio.Task[None]] = {}  # a sequence's last piece
         self._tasks: set[asyncio.Task[None]] = set()
         self._writing = asyncio.Lock()
-        self._pinned: set[str] = set()  # sessions whose state this stream keeps pinned in the cache
 
     def close_soon(self) -> None:
         self.closing.set()
@@ -269,9 +270,6 @@ class InferStream:
             reader.add_done_callback(lambda done: done.cancelled() or done.exception())
             for task in self._tasks:
                 task.cancel()
-            cache = self.servicer.inference.flow.cache
-            for session_id in self._pinned:
-                cache.unpin(session_id)
 
     async def _read(self, requests: AsyncIterator[Any]) -> None:
         """Dispatch each request as it comes, until the client ends its side or the replica starts shutting down."""
@@ -311,7 +309,6 @@ class InferStream:
                 shutdown.stream_pieces -= 1
             response = service_pb2.ModelStreamInferResponse(infer_response=protobuf.infer_response(answer))
             status = 200
-            self._keep_pinned(answer.parameters.get("session_id"), bool(answer.parameters.get("sequence_end")))
         except Exception as error:
             status, detail = status_of(error, call)
             response = service_pb2.ModelStreamInferResponse(
@@ -324,18 +321,6 @@ class InferStream:
             record_request(self.servicer.metrics, call.route, call.scope, status, time.perf_counter() - started,
                            self.servicer.settings.access_log)
 
-    def _keep_pinned(self, session_id: str | None, ended: bool) -> None:
-        """Keep a sequence's state in memory while this stream carries it (its end dropped it)."""
-        if session_id is None:
-            return
-        cache = self.servicer.inference.flow.cache
-        if ended:
-            self._pinned.discard(session_id)
-            return
-        kept = cache.get(session_id)
-        if kept is not None and kept.pins == 0:
-            cache.pin(session_id)
-            self._pinned.add(session_id)
 
 
 class GrpcServer:

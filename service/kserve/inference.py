@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from service.errors import check_rows, check_text
@@ -72,14 +73,14 @@ class Inference:
     def model(self, name: str, model_version: str = "") -> LoadedModel:
         """The model ``name`` (its latest version), or that ``model_version``; :class:`UnknownModel` in Triton's
         words, with the models there are."""
-        refs = sorted(self.registry.models)
         if ":" not in name and (not model_version or ":" not in model_version):
             try:
                 return self.registry.resolve(f"{name}:{model_version}" if model_version else name, None)
             except UnknownModel:
                 pass
         which = f"'{name}' version {model_version}" if model_version else f"'{name}'"
-        raise UnknownModel(f"Request for unknown model: {which} is not found (loaded models: {refs})")
+        raise UnknownModel(f"Request for unknown model: {which} is not found (loaded models: "
+                           f"{sorted(self.registry.models)})")
 
     def signature(self, model: LoadedModel) -> Signature:
         signature = self._signatures.get(model.ref)
@@ -138,20 +139,14 @@ class Inference:
         return {"model_stats": entries}
 
     # ---- inference -----------------------------------------------------------------------------------------------
-    async def infer(self, name: str, model_version: str, request: InferRequest, owner: str, quota: str,
-                    note_model: Callable[[str], None] | None = None) -> InferAnswer:
-        """Answer one inference request (module docstring). ``note_model`` hears the model's ``name:version`` as soon
-        as it is known (the request metrics name it); an error raised after that carries it (``model_ref``)."""
+    async def infer(self, model: LoadedModel, request: InferRequest, owner: str, quota: str) -> InferAnswer:
+        """Answer one inference request for ``model`` (:meth:`model`, which the caller resolved first: an unknown
+        model is refused before the body is read, and the request metrics name the model) (module docstring)."""
         started = time.perf_counter()
-        model = self.model(name, model_version)
-        if note_model is not None:
-            note_model(model.ref)
         statistics = self._statistics.setdefault(model.ref, Statistics())
         try:
             answer = await self._infer(model, request, owner, quota)
-        except Exception as error:
-            if getattr(error, "model_ref", None) is None:
-                error.model_ref = model.ref  # type: ignore[attr-defined]
+        except Exception:
             statistics.note(started, ok=False)
             raise
         statistics.note(started, ok=True)
@@ -177,7 +172,7 @@ class Inference:
         return InferAnswer(model.name, model.version, outputs, request.id, parameters,
                            binary_outputs(request, (tensor.name for tensor in outputs)))
 
-    def _check(self, piece: str | list[list[float]], document: bool) -> None:
+    def _check(self, piece: str | np.ndarray, document: bool) -> None:
         if isinstance(piece, str):
             check_text(piece, self.settings, document=document)
         else:

@@ -9,6 +9,7 @@ in the layout of :mod:`service.kserve.tensors`) or its typed ``contents``; outpu
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,6 @@ from service.kserve.tensors import (
     Tensor,
     UnreadableBody,
     check_shape,
-    element_count,
     raw_bytes,
     raw_tensor,
 )
@@ -94,7 +94,7 @@ def read_request(message: Any) -> InferRequest:
 
 def _typed(item: Any, shape: tuple[int, ...]) -> np.ndarray | list[bytes]:
     values = getattr(item.contents, CONTENTS.get(item.datatype, ""), None) if item.HasField("contents") else None
-    count = element_count(shape)
+    count = math.prod(shape)
     if values is None or len(values) != count:
         got = 0 if values is None else len(values)
         raise InputError(f"input '{item.name}' has {got} elements in contents.{CONTENTS.get(item.datatype)}, but its "

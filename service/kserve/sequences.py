@@ -30,6 +30,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from service.runtime.pipeline import InputError
 from service.runtime.registry import LoadedModel
 from service.session_flow import Applied, SessionFlow
@@ -104,7 +106,7 @@ class Sequences:
         self.flow = flow
 
     async def piece(self, model: LoadedModel, owner: str, quota: str, control: SequenceControl,
-                    piece: str | list[list[float]], options: dict[str, Any]) -> Step:
+                    piece: str | np.ndarray, options: dict[str, Any]) -> Step:
         """Apply one request of a sequence (module docstring); the finish answer when it ends the sequence."""
         session_id = session_id_of(owner, model.name, control.id)
         text, rows = (piece, None) if isinstance(piece, str) else (None, piece)

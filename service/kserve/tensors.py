@@ -20,8 +20,9 @@ in Triton's words where Triton has them.
 
 from __future__ import annotations
 
+import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,13 +85,6 @@ class InferAnswer:
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
     binary: set[str] = field(default_factory=set)  # the outputs to send raw (HTTP)
-
-
-def element_count(shape: Sequence[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 # ---- reading -----------------------------------------------------------------------------------------------------
@@ -239,7 +233,7 @@ def _flat(data: Any) -> Iterable[Any]:
 
 def json_tensor(data: Any, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray | list[bytes]:
     """A tensor's JSON ``data`` (flat or nested in row-major order) as numbers of ``shape`` or BYTES elements."""
-    count = element_count(shape)
+    count = math.prod(shape)
     if type(data) is not list:
         data = [data]
     if datatype == BYTES:
@@ -268,7 +262,7 @@ def json_tensor(data: Any, datatype: str, shape: tuple[int, ...], name: str) -> 
 
 def raw_tensor(raw: memoryview, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray | list[bytes]:
     """A tensor's raw bytes (binary tensor data extension, or gRPC's raw contents) as numbers or BYTES elements."""
-    count = element_count(shape)
+    count = math.prod(shape)
     if datatype == BYTES:
         elements = bytes_elements(raw, name)
         _check_count(len(elements), count, name, shape)

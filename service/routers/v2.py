@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Path, Request, Response
 
-from service.auth import owner_of_request, quota_of
+from service.auth import SECURED, owner_of_request, quota_of
 from service.errors import responses
 from service.kserve.inference import Inference
 from service.kserve.schemas import (
@@ -33,7 +33,6 @@ router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 
 ModelName = Annotated[str, Path(description="A model's name (`GET /models`).", examples=["rsa-etth1-h24"])]
 ModelVersion = Annotated[str, Path(description="One of its versions.", examples=["1"])]
-KEYED = {"security": [{"APIKey": []}, {"Bearer": []}]}  # the key is read by owner_of_request, as a fast path does
 Impl = Callable[[Request, str, str], Awaitable[Response]]
 
 
@@ -79,7 +78,7 @@ def _not_ready(why: str) -> Response:
 
 
 @router.post("/repository/index", response_model=list[RepositoryEntry], responses=responses(401, body=V2Error),
-             openapi_extra=KEYED, summary="The models there are (Triton's repository index)",
+             openapi_extra=SECURED, summary="The models there are (Triton's repository index)",
              description="Every model version of the repository and its state: READY, or UNAVAILABLE with the reason "
              "it did not load (rtserve loads the whole repository at start; it has no load or unload).")
 async def repository_index(request: Request) -> Response:
@@ -127,11 +126,12 @@ async def _infer(request: Request, model_name: str, model_version: str) -> Respo
     settings = request.app.state.settings
     owner = owner_of_request(request, settings)
     inference = _inference(request)
-    request.state.model = inference.model(model_name, model_version).ref
+    model = inference.model(model_name, model_version)
+    request.state.model = model.ref
     body = inflate(await request.body(), request.headers.get("content-encoding"), settings.max_body_bytes)
     decoded = read_request(body, request.headers.get("inference-header-content-length"))
     quota = quota_of(settings, owner, request.client.host if request.client else None)
-    answer = await inference.infer(model_name, model_version, decoded, owner, quota)
+    answer = await inference.infer(model, decoded, owner, quota)
     content, header_length = write_answer(answer)
     if header_length is None:
         return Response(content, media_type="application/json")
@@ -142,22 +142,22 @@ async def _infer(request: Request, model_name: str, model_version: str) -> Respo
 FREE_FORM = {"content": {"application/json": {"schema": {"type": "object", "additionalProperties": True}}}}
 
 _model_routes("", "GET", _metadata, "model_metadata", response_model=ModelMetadata,
-              responses=responses(401, 404, body=V2Error), openapi_extra=KEYED, summary="Model metadata (KServe v2)",
+              responses=responses(401, 404, body=V2Error), openapi_extra=SECURED, summary="Model metadata (KServe v2)",
               description="The model's name, versions, input and outputs (name, datatype, shape).")
 _model_routes("/ready", "GET", _model_ready, "model_ready", response_class=Response,
               responses={200: {"description": "Ready.", "content": {}}} | responses(401, 404, 503, body=V2Error),
-              openapi_extra=KEYED, summary="Model readiness (KServe v2)",
+              openapi_extra=SECURED, summary="Model readiness (KServe v2)",
               description="200 when the model is loaded and the replica is not shutting down.")
 _model_routes("/config", "GET", _config, "model_config",
               responses={200: {"description": "Triton's model configuration (JSON).", **FREE_FORM}}
-              | responses(401, 404, body=V2Error), openapi_extra=KEYED,
+              | responses(401, 404, body=V2Error), openapi_extra=SECURED,
               summary="Model configuration (Triton's model_configuration extension)",
               description="No batch axis (`max_batch_size` 0: rtserve batches across requests and sequences), one "
               "input, the outputs, and a sequence batcher whose sequences are rtserve sessions (idle expiry: "
               "`RTSERVE_SESSION_TTL_SECONDS`).")
 _model_routes("/stats", "GET", _statistics, "model_statistics",
               responses={200: {"description": "Triton's statistics (JSON).", **FREE_FORM}}
-              | responses(401, 404, body=V2Error), openapi_extra=KEYED,
+              | responses(401, 404, body=V2Error), openapi_extra=SECURED,
               summary="Model statistics (Triton's statistics extension)",
               description="The inferences this process answered, and their time.")
 _model_routes(
@@ -169,7 +169,7 @@ _model_routes(
                          "description": "With raw outputs: the byte length of the JSON header.",
                          "schema": {"type": "integer"}}}}}
     | responses(400, 401, 404, 408, 409, 413, 415, 422, 429, 503, body=V2Error),
-    openapi_extra=KEYED | {"requestBody": {"required": True, "content": {"application/json": {
+    openapi_extra=SECURED | {"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/InferenceRequest"}}}}},
     summary="Inference (KServe v2, with Triton's sequence and binary tensor data extensions)",
     description="One input: `TEXT` (BYTES [1], text models) or `ROWS` (FP32 [T, C], forecasters). Outside a "

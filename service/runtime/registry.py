@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ class LoadedModel:
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
 
-    @property
+    @cached_property  # read on every piece of a kept session; the manifest does not change
     def light(self) -> bool:
         """Whether every step of the model is light (:func:`is_light_graph`): computing one twice costs less than
         the round trip to Redis that a session's lock would cost."""

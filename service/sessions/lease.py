@@ -122,13 +122,11 @@ class Leases:
         finally:
             self.drop(session_id, token)
 
-    def hold(self, session_id: str, token: str) -> tuple[str, str]:
+    def hold(self, session_id: str, token: str) -> None:
         """Keep a lease alive until :meth:`drop` (a stream's, for as long as it is open)."""
-        key = (session_id, token)
-        self._held[key] = time.monotonic()
+        self._held[(session_id, token)] = time.monotonic()
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
-        return key
 
     def drop(self, session_id: str, token: str) -> None:
         """Stop renewing a lease :meth:`hold` kept."""
