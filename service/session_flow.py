@@ -40,7 +40,7 @@ from service.sessions import (
 )
 from service.sessions.cache import Kept, StateCache
 from service.sessions.digest import piece_digest, same_piece
-from service.sessions.lease import Holder, stream_token
+from service.sessions.lease import stream_token
 
 INDEX_TOUCH_SECONDS = 60.0  # a kept session's index entries move to its new idle expiry at most this often
 ROUNDS = 3  # reads of a session a piece may take before it is refused as a conflict
@@ -109,13 +109,12 @@ class SessionFlow:
                 digest = piece_digest(piece)
                 self._check_room(kept.meta)
                 if model.light or kept.pins:  # light, or this replica's own stream holds the session
-                    holder, token = Holder.STREAM, None
+                    token, busy = None, False
                 else:  # a heavy step is worth the lock: a retry elsewhere waits for it instead of computing it
-                    holder, token = await self.sessions.leases.take_for_piece(session_id, seq)
-                if holder is not Holder.ANOTHER_PIECE:
+                    token, busy = await self.sessions.leases.take_for_piece(session_id, seq)
+                if not busy:  # else another request applies a piece of it now: read the session, as below
                     try:
-                        return await self._compute(model, kept.meta, kept.state, seq, piece, digest,
-                                                   token if holder is Holder.THIS_PIECE else None, kept)
+                        return await self._compute(model, kept.meta, kept.state, seq, piece, digest, token, kept)
                     except LostRace:  # the session moved on elsewhere: read it and decide anew
                         self.cache.drop(session_id)
         for _ in range(ROUNDS):

@@ -375,3 +375,23 @@ def test_commands_packed_with_hiredis_are_the_bytes_redis_py_sends():
     for command in (("EVALSHA", "abc", 2, "k1", "k2", b"\x00state", 1.5, -3), ("SCRIPT LOAD", "return 1"),
                     (b"GET", "clé")):
         assert b"".join(packed.pack_command(*command)) == b"".join(plain.pack_command(*command)), command
+
+
+async def test_a_piece_asking_for_the_lock_takes_it_waits_for_another_piece_or_goes_ahead_of_a_stream(
+        redis_url: str, key_prefix: str):
+    from service.metrics import ServiceMetrics
+    from service.sessions import SessionStore
+    from service.sessions.lease import stream_token
+    from service.settings import Settings
+
+    store = StateStore.from_url(redis_url, prefix=key_prefix)
+    sessions = SessionStore(store, Settings(), ServiceMetrics(collect_gpu=False))
+    try:
+        token, busy = await sessions.leases.take_for_piece("free", 3)
+        assert token is not None and token.startswith("3:") and not busy
+        assert await store.client.get(sessions._keys("free")["lock"]) == token.encode()
+        assert await sessions.leases.take_for_piece("free", 4) == (None, True)  # another piece's request holds it
+        await store.client.set(sessions._keys("streamed")["lock"], stream_token(), px=60_000)
+        assert await sessions.leases.take_for_piece("streamed", 1) == (None, False)  # a stream: go ahead
+    finally:
+        await sessions.close()

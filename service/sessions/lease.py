@@ -15,7 +15,6 @@ per piece.
 from __future__ import annotations
 
 import asyncio
-import enum
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from service.sessions.errors import SessionNotFound
+from service.sessions.scripts import LOCK_HELD, LOCK_TAKEN, TAKE_LOCK_LUA
 from service.state_store import StateStore
 
 RENEW = """
@@ -45,14 +45,19 @@ def renewed(reply: Any, count: int) -> list[bool | None]:
     return [bool(ours) for ours in reply]
 
 
-TAKE = """
--- KEYS: the lock; ARGV: a piece's token, the lease in milliseconds. Takes the lock if free: 1; held by a session
--- stream: 2; held by another piece's request: 0.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-local holder = redis.call('GET', KEYS[1])
-if holder and string.sub(holder, 1, 7) == 'stream:' then return 2 end
-return 0
+TAKE = TAKE_LOCK_LUA + """
+-- KEYS: the lock; ARGV: a piece's token, the lease in milliseconds.
+return take_lock(KEYS[1], ARGV[1], ARGV[2])
 """
+
+
+def taken(reply: Any, token: str) -> tuple[str | None, bool]:
+    """TAKE's reply, as BEGIN's lock reads: (the token, when the lock was taken for the piece; whether another
+    piece's request holds it). Held by a session stream: neither (the piece goes ahead; the commits order the two)."""
+    if isinstance(reply, Exception):
+        raise reply
+    lock = int(reply)
+    return (token if lock == LOCK_TAKEN else None), lock == LOCK_HELD
 
 
 TAKE_FOR_STREAM = """
@@ -74,14 +79,6 @@ def stream_taken(session_id: str, reply: Any) -> tuple[int, str] | None:
         raise SessionNotFound(f"session {session_id} does not exist or has expired")
     seq, epoch, status = reply
     return None if status == b"finished" else (int(seq), epoch.decode())
-
-
-class Holder(enum.Enum):
-    """Who holds a session's lock after a piece asked for it."""
-
-    THIS_PIECE = 1  # taken for the piece: pass its token to the commit, which releases it
-    STREAM = 2  # a session stream: the piece goes ahead without it (the commits order the two)
-    ANOTHER_PIECE = 0  # another request is applying a piece of the session now
 
 
 RELEASE = """
@@ -132,14 +129,13 @@ class Leases:
         """Stop renewing a lease :meth:`hold` kept."""
         self._held.pop((session_id, token), None)
 
-    async def take_for_piece(self, session_id: str, seq: int) -> tuple[Holder, str]:
-        """Ask for the session's lock for piece ``seq``: who holds it now, and the token it was asked with."""
+    async def take_for_piece(self, session_id: str, seq: int) -> tuple[str | None, bool]:
+        """Ask for the session's lock for piece ``seq`` (:func:`taken`): its token when taken (the commit releases
+        it), and whether another piece's request holds it."""
         token = f"{seq}:{secrets.token_hex(8)}"
         async with self.store.operation():
             [reply] = await self._pipelined(TAKE, [([self._lock(session_id)], [token, self.lease_ms])])
-        if isinstance(reply, Exception):
-            raise reply
-        return Holder(int(reply)), token
+        return taken(reply, token)
 
     async def take_for_stream(self, session_id: str, token: str) -> tuple[int, str] | None:
         """Take the session's lease for a stream (over any lease another stream left), if the session is open:

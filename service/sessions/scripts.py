@@ -91,7 +91,21 @@ def reserved(reply: list[Any]) -> int:
 
 
 # ---- reading a piece's session ----------------------------------------------------------------------------------
-BEGIN = """
+# ---- a piece's lock -----------------------------------------------------------------------------------------
+# Shared by BEGIN and the lease's TAKE: take_lock(key, token, ms) takes the lock if free (LOCK_TAKEN), else says who
+# holds it: a session stream (LOCK_STREAM) or another piece's request (LOCK_HELD).
+TAKE_LOCK_LUA = """
+local function take_lock(key, token, ms)
+  if redis.call('SET', key, token, 'NX', 'PX', ms) then return 1 end
+  local holder = redis.call('GET', key)
+  if holder and string.sub(holder, 1, 7) == 'stream:' then return 2 end
+  return 0
+end
+"""
+
+LOCK_TAKEN, LOCK_HELD, LOCK_STREAM, NOT_NEXT = 1, 0, 2, 3  # take_lock's values (and BEGIN's NOT_NEXT)
+
+BEGIN = TAKE_LOCK_LUA + """
 -- KEYS: meta, state, result, lock; ARGV: seq to apply, owner, lock token, lock milliseconds
 -- Returns {} when the session is gone, else {meta fields, meta ttl, state, result, lock}. The state comes back
 -- only when the piece is the next one (it is computed from it); the stored result only for a retry of the last
@@ -106,18 +120,12 @@ local seq, applied = tonumber(ARGV[1]), tonumber(meta['seq'])
 local lock, state, result = 3, false, false
 if meta['owner'] == ARGV[2] and meta['status'] ~= 'finished' and seq == applied + 1 then
   state = redis.call('GET', KEYS[2])
-  if redis.call('SET', KEYS[4], ARGV[3], 'NX', 'PX', ARGV[4]) then
-    lock = 1
-  else
-    local holder = redis.call('GET', KEYS[4])
-    if holder and string.sub(holder, 1, 7) == 'stream:' then lock = 2 else lock = 0 end
-  end
+  lock = take_lock(KEYS[4], ARGV[3], ARGV[4])
 end
 if seq == applied then result = redis.call('GET', KEYS[3]) end
 return {fields, redis.call('PTTL', KEYS[1]), state, result, lock}
 """
 
-LOCK_TAKEN, LOCK_HELD, LOCK_STREAM, NOT_NEXT = 1, 0, 2, 3  # BEGIN's lock values, read by begun() only
 
 
 def begun(session_id: str, reply: list[Any]) -> tuple[SessionMeta, bytes | None, bytes | None, bool, bool]:
