@@ -5,9 +5,11 @@
 
 The pieces go over HTTP (``POST /sessions/{id}/segments``) or over each session's stream (a WebSocket).
 
-Method: the service starts as ``rtserve bench`` starts it (the bench's embedded Redis); after a warm-up,
-``py-spy record --pid --gil`` samples the thread holding the GIL while the bench's client sends RSA or
-RMT session pieces at the given concurrency. The event loop's thread's samples go to one layer each:
+Method: the service starts as ``rtserve bench`` starts it (the bench's embedded Redis); after a warm-up, in each
+of ``--rounds`` rounds the client opens the sessions (and their streams), then ``py-spy record --pid --gil``
+samples the thread holding the GIL while the client sends the sessions' RSA or RMT pieces at the given
+concurrency, then the sessions are finished and deleted: what is measured (samples and CPU) is the pieces' alone.
+The event loop's thread's samples go to one layer each:
 the first named layer found anywhere on the stack (the digest, the state codec, the lock keeper,
 metrics, logging, the graph), else the layer of the innermost frame whose module is known (validation,
 dependencies, routing, middleware, HTTP, Redis client, batcher hand-off, session flow, pipeline), else
@@ -141,20 +143,26 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
 
     warm = await open_all()
     await send(warm)  # warm-up
-    opened = [await open_all() for _ in range(rounds)]
+    await asyncio.gather(*(driver.close() for driver in warm))
     server = psutil.Process(pid)
-    spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--gil",
-                            "--format", "raw", "--rate", str(rate), "--output", str(spy_out)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    await asyncio.sleep(2.0)  # py-spy attached
-    cpu_before, main_before, pieces = tree_cpu_seconds(server), main_thread_cpu_seconds(pid), 0
-    for drivers in opened:
+    cpu = main = 0.0
+    pieces = 0
+    spy_out.write_text("")
+    for _ in range(rounds):  # each round's sessions and streams opened and closed outside what is measured
+        drivers = await open_all()
+        round_out = spy_out.with_suffix(".round")
+        spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--gil",
+                                "--format", "raw", "--rate", str(rate), "--output", str(round_out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        await asyncio.sleep(1.0)  # py-spy attached (an idle event loop holds no GIL: no samples)
+        cpu_before, main_before = tree_cpu_seconds(server), main_thread_cpu_seconds(pid)
         pieces += await send(drivers)
-    cpu = tree_cpu_seconds(server) - cpu_before
-    main = main_thread_cpu_seconds(pid) - main_before
-    spy.send_signal(signal.SIGINT)
-    spy.wait(timeout=60)
-    for drivers in [warm, *opened]:
+        cpu += tree_cpu_seconds(server) - cpu_before
+        main += main_thread_cpu_seconds(pid) - main_before
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
+        with spy_out.open("a") as samples:
+            samples.write(round_out.read_text())
         await asyncio.gather(*(driver.close() for driver in drivers))
     await http.close()
     return read_samples(spy_out), cpu, main, pieces
@@ -177,11 +185,8 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="rtserve-profile-"))
     port = free_port()
-    # every round's sessions are opened before the sampling starts: room for all of them under one client address
-    opened = (options.rounds + 1) * max(options.sessions, 8)
-    room = {"RTSERVE_MAX_SESSIONS_PER_KEY": str(max(1000, 2 * opened))}
     with EmbeddedRedis() as redis:
-        server = Server.rtserve(options.model_repository, port, folder / "server.log", redis.url, room)
+        server = Server.rtserve(options.model_repository, port, folder / "server.log", redis.url)
         try:
             from loadtest.harness import Client
 
