@@ -281,7 +281,9 @@ class Forwarder:
         pipes = [asyncio.create_task(self._pipe(from_client, to_replica, url, towards_client=False)),
                  asyncio.create_task(self._pipe(from_replica, to_client, url, towards_client=True))]
         try:
-            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+            if pipes[1] not in done:  # the client's side ended first, or its bytes found the replica gone: what the
+                await asyncio.wait(pipes[1:], timeout=1.0)  # replica sent before it closed (a 1012) still reaches it
         finally:  # one end closed (or the forwarder stops): close both, as a balancer does
             for pipe in pipes:
                 pipe.cancel()
