@@ -102,7 +102,8 @@ def main_thread_cpu_seconds(pid: int) -> float:
 
 
 async def drive(url: str, task: str, sessions_count: int, repository: Path, data: Path, rounds: int,
-                pid: int, spy_out: Path, rate: int, transport: str) -> tuple[Counter[str], float, float, int]:
+                pid: int, redis_pid: int, spy_out: Path, rate: int,
+                transport: str) -> tuple[Counter[str], float, float, float, int]:
     import aiohttp
 
     from loadtest import bench_inputs as inputs
@@ -144,8 +145,8 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
     warm = await open_all()
     await send(warm)  # warm-up
     await asyncio.gather(*(driver.close() for driver in warm))
-    server = psutil.Process(pid)
-    cpu = main = 0.0
+    server, redis = psutil.Process(pid), psutil.Process(redis_pid)
+    cpu = main = redis_cpu = 0.0
     pieces = 0
     spy_out.write_text("")
     for _ in range(rounds):  # each round's sessions and streams opened and closed outside what is measured
@@ -156,16 +157,18 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         await asyncio.sleep(1.0)  # py-spy attached (an idle event loop holds no GIL: no samples)
         cpu_before, main_before = tree_cpu_seconds(server), main_thread_cpu_seconds(pid)
+        redis_before = tree_cpu_seconds(redis)
         pieces += await send(drivers)
         cpu += tree_cpu_seconds(server) - cpu_before
         main += main_thread_cpu_seconds(pid) - main_before
+        redis_cpu += tree_cpu_seconds(redis) - redis_before
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)
         with spy_out.open("a") as samples:
             samples.write(round_out.read_text())
         await asyncio.gather(*(driver.close() for driver in drivers))
     await http.close()
-    return read_samples(spy_out), cpu, main, pieces
+    return read_samples(spy_out), cpu, main, redis_cpu, pieces
 
 
 def main() -> None:
@@ -196,9 +199,10 @@ def main() -> None:
                 await client.close()
 
             asyncio.run(ready())
-            layers, cpu, main, pieces = asyncio.run(drive(server.url, options.task, options.sessions,
+            layers, cpu, main, redis_cpu, pieces = asyncio.run(drive(server.url, options.task, options.sessions,
                                                     options.model_repository, options.data, options.rounds,
-                                                    server.process.pid, folder / "spy.txt", options.rate,
+                                                    server.process.pid, redis.pid, folder / "spy.txt",
+                                                    options.rate,
                                                     options.transport))
         finally:
             server.stop()
@@ -211,6 +215,7 @@ def main() -> None:
     for name, count in layers.most_common():
         print(f"| {name} | {100 * count / total:.1f} % | {loop * count / total:.3f} |")
     print(f"| the graph's thread and ONNX Runtime's pool (the step, its wrapper) | | {per_piece - loop:.3f} |")
+    print(f"| Redis (redis-server: the commits' scripts) | | {1000 * redis_cpu / pieces:.3f} |")
 
 
 if __name__ == "__main__":

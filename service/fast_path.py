@@ -159,9 +159,10 @@ def plain_text(text: Any, raw: bytes | str) -> str | None:
 
 
 def _may_hold_a_bool(raw: bytes | str) -> bool:
+    # a body of numbers holds no "u" and no "a": one byte is found far faster than four (memchr)
     if isinstance(raw, str):
-        return "true" in raw or "false" in raw
-    return b"true" in raw or b"false" in raw
+        return ("u" in raw and "true" in raw) or ("a" in raw and "false" in raw)
+    return (b"u" in raw and b"true" in raw) or (b"a" in raw and b"false" in raw)
 
 
 def plain_piece(body: Any, raw: bytes | str) -> tuple[int, str | None, np.ndarray | None] | None:
@@ -206,12 +207,16 @@ RESULT_FIELDS = frozenset(frozenset(member.model_fields) for member in typing.ge
     SegmentResponse.model_fields["result"].annotation))
 
 
-def piece_answer(meta: SessionMeta, result: dict[str, Any], replayed: bool) -> bytes:
+def piece_answer(meta: SessionMeta, result: dict[str, Any], replayed: bool, serialized: bytes = b"") -> bytes:
     """The :class:`SegmentResponse` of an applied (or replayed) piece, serialized once without validating it again
-    (through pydantic only for a result of no plain shape)."""
+    (through pydantic only for a result of no plain shape). ``serialized``: ``result`` already as
+    :func:`result_json.dumps` writes it (the commit's), spliced in as it is rather than written again."""
     if frozenset(result) not in RESULT_FIELDS:
         return SegmentResponse(session=info(meta), replayed=replayed, result=result).model_dump_json().encode()
-    return result_json.dumps({"session": session_fields(meta), "replayed": replayed, "result": result})
+    if not serialized:
+        return result_json.dumps({"session": session_fields(meta), "replayed": replayed, "result": result})
+    return b"".join((b'{"session":', result_json.dumps(session_fields(meta)),
+                     b',"replayed":true,"result":' if replayed else b',"replayed":false,"result":', serialized, b"}"))
 
 
 def answer_json(response_model: type[BaseModel], values: dict[str, Any]) -> Response:

@@ -52,6 +52,7 @@ class Applied:
     meta: SessionMeta
     result: dict[str, Any]
     replayed: bool  # True when this was a retry answered from the stored result
+    result_json: bytes = b""  # ``result`` as JSON when already serialized (its commit's), else empty
 
 
 @dataclass
@@ -220,7 +221,7 @@ class SessionFlow:
         touched = now if touch or kept is None else kept.indexes_touched
         self.cache.keep(meta.id, Kept(fresh, consumed.state, touched))
         self.metrics.labelled(self.metrics.session_state_bytes, model.ref).observe(fresh.state_bytes)
-        return Applied(fresh, consumed.result, replayed=False)
+        return Applied(fresh, consumed.result, replayed=False, result_json=written.result_json)
 
     @staticmethod
     def _piece(model: LoadedModel, meta: SessionMeta, text: str | None, rows: list[list[float]] | None) -> Any:

@@ -9,7 +9,7 @@ import orjson
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from service import fast_path
+from service import fast_path, result_json
 from service.fast_path import answer_json, info, piece_answer, plain_piece
 from service.routers import one_shot
 from service.routers import sessions as sessions_router
@@ -90,10 +90,12 @@ RESULTS = [
 def test_the_answer_serialized_once_is_the_one_the_response_model_gives(result, replayed):
     session = meta(status=SessionStatus.FINISHED if replayed else SessionStatus.OPEN)
     fast = orjson.loads(piece_answer(session, result, replayed))
+    spliced = orjson.loads(piece_answer(session, result, replayed, result_json.dumps(result)))  # the commit's JSON
     model = SegmentResponse(session=info(session), replayed=replayed, result=result).model_dump(mode="json")
-    for answer in (fast, model):  # the clock at each call
+    for answer in (fast, spliced, model):  # the clock at each call
         assert abs(answer["session"].pop("expires_at") - (session.expires_at)) < 5
-    assert fast == model
+    assert fast == model == spliced
+    assert json.dumps(fast, sort_keys=True) == json.dumps(spliced, sort_keys=True)
     assert json.dumps(fast, sort_keys=True) == json.dumps(model, sort_keys=True)  # 1 and 1.0 alike
 
 

@@ -122,7 +122,8 @@ async def add_segment_fast(request: Request) -> Response | None:
     owner = owner_of_request(request, request.app.state.settings)
     applied = await apply_piece(request, request.app.state.flow, request.path_params["session_id"], owner, seq,
                                 text, rows)
-    return Response(piece_answer(applied.meta, applied.result, applied.replayed), media_type="application/json")
+    answer = piece_answer(applied.meta, applied.result, applied.replayed, applied.result_json)
+    return Response(answer, media_type="application/json")
 
 
 @router.post(

@@ -151,7 +151,8 @@ class Stream:
             assert text is not None
             check_text(text, self.settings)
         applied = await self.flow.apply(self.session_id, self.owner, seq, text, rows)
-        await self._send_text(piece_answer(applied.meta, applied.result, applied.replayed).decode())
+        answer = piece_answer(applied.meta, applied.result, applied.replayed, applied.result_json)
+        await self._send_text(answer.decode())
         return 200
 
     async def _finish(self, body: dict[str, Any]) -> int:

@@ -54,6 +54,11 @@ class Piece:
     units_read: int  # tokens or rows it added
     segments: int  # graph steps it applied
     chunk: Arrays | None = None  # its append-only part of the state (SRformer)
+    result_json: bytes = b""  # ``result`` as JSON (serialized once: what Redis stores and the answer carries)
+
+    def __post_init__(self) -> None:
+        if not self.result_json:
+            self.result_json = result_json.dumps(self.result)
 
 
 class SessionStore:
@@ -269,7 +274,7 @@ class SessionStore:
         ttl = self.ttl(meta.deadline)
         score = time.time() + ttl if touch_indexes else ""
         args: list[Any] = [
-            meta.seq, piece.seq, state_blob, result_json.dumps(piece.result), ttl, piece.sha,
+            meta.seq, piece.seq, state_blob, piece.result_json, ttl, piece.sha,
             meta.consumed + piece.units_read, meta.segments + piece.segments, len(state_blob), token or "",
             meta.epoch, score if self.one_node else "", meta.id, "1" if meta.chunk_bytes else "",
         ]
