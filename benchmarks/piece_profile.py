@@ -1,9 +1,10 @@
 """Where the service's CPU per piece goes, layer by layer: py-spy samples of the serving process under load.
 
     .venv/bin/pip install py-spy
-    .venv/bin/python benchmarks/piece_profile.py --task forecast --sessions 32 [--transport stream|http]
+    .venv/bin/python benchmarks/piece_profile.py --task forecast --sessions 32 [--transport stream|binary-stream|http]
 
-The pieces go over HTTP (``POST /sessions/{id}/segments``) or over each session's stream (a WebSocket).
+The pieces go over HTTP (``POST /sessions/{id}/segments``) or over each session's stream (a WebSocket; rows as JSON
+text or, with ``binary-stream``, as binary frames).
 
 Method: the service starts as ``rtserve bench`` starts it (the bench's embedded Redis); after a warm-up, in each
 of ``--rounds`` rounds the client opens the sessions (and their streams), then ``py-spy record --pid --gil``
@@ -123,7 +124,8 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
         sessions = inputs.classify_sessions(entry, model["manifest"], inputs.hyperpartisan_texts(data),
                                             max(sessions_count, 32), 8)
     ref = f"{model['name']}:{model['version']}"
-    target = Target("rtserve-ws" if transport == "stream" else "rtserve-http", url, ref)
+    target = Target({"stream": "rtserve-ws", "binary-stream": "rtserve-ws-binary"}.get(transport, "rtserve-http"), url,
+                    ref)
     chosen = sessions[:sessions_count] if sessions_count > 1 else sessions[:8]
     http = aiohttp.ClientSession(url, headers={"content-type": "application/json"},
                                  connector=aiohttp.TCPConnector(limit=0))
@@ -177,8 +179,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--task", choices=("forecast", "classify"), default="forecast")
     parser.add_argument("--sessions", type=int, default=32)
-    parser.add_argument("--transport", choices=("http", "stream"), default="http",
-                        help="pieces as HTTP requests or over each session's stream")
+    parser.add_argument("--transport", choices=("http", "stream", "binary-stream"), default="http",
+                        help="pieces as HTTP requests or over each session's stream (rows as JSON or binary frames)")
     parser.add_argument("--rounds", type=int, default=8, help="times every session's pieces are sent")
     parser.add_argument("--rate", type=int, default=200, help="samples per second per thread")
     options = parser.parse_args()

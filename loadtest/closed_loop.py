@@ -12,6 +12,8 @@ Transports (:data:`TRANSPORTS`):
   the segments route and its answer frame that route's 200 answer; ``{"finish": {}}`` answers the finish; an error
   frame is ``{"event": "error", "data", "status"}``. An rtserve that answers the upgrade with 404 or 403 does not
   serve the stream: the run says so (:attr:`Run.unavailable`) instead of failing.
+- ``rtserve-ws-binary``: the same stream, each piece of rows sent as a binary frame (a 16-byte header: seq, rows,
+  columns; then the rows' little-endian float32 values) instead of JSON text.
 - ``triton-http``: KServe v2 ``POST /v2/models/{m}/infer``, JSON tensors, ``parameters.sequence_id`` with
   ``sequence_start`` on the first piece and ``sequence_end`` on the last.
 
@@ -32,12 +34,14 @@ import asyncio
 import json
 import multiprocessing
 import os
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-TRANSPORTS = ("rtserve-http", "rtserve-ws", "triton-http")
+TRANSPORTS = ("rtserve-http", "rtserve-ws", "rtserve-ws-binary", "triton-http")
+STREAMS = ("rtserve-ws", "rtserve-ws-binary")
 BUSY_LIMIT = 0.9  # a client process busy this share of the run's wall time, or the cores this full: client-bound
 REQUEST_TIMEOUT_SECONDS = 300.0
 
@@ -90,6 +94,15 @@ def triton_body(body: bytes, target: Target, sequence_id: int, first: bool, last
     }, separators=(",", ":")).encode()
 
 
+def binary_piece(body: bytes) -> bytes:
+    """A ``{"seq", "rows"}`` piece as the session stream's binary frame: seq, rows, columns, then float32 values."""
+    import numpy as np
+
+    piece = json.loads(body)
+    rows = np.asarray(piece["rows"], dtype="<f4")
+    return struct.pack("<QII", piece["seq"], *rows.shape) + rows.tobytes()
+
+
 def triton_steps(answer: dict[str, Any]) -> int:
     return int(next(o for o in answer["outputs"] if o["name"] == "STEPS")["data"][0])
 
@@ -116,7 +129,9 @@ class SessionDriver:
                            for k, body in enumerate(self.bodies)]
             return
         self.session_id = (await self._post("/sessions", json.dumps({"model": self.target.model}).encode()))["id"]
-        if self.target.transport == "rtserve-ws":
+        if self.target.transport == "rtserve-ws-binary":
+            self.bodies = [binary_piece(body) for body in self.bodies]
+        if self.target.transport in STREAMS:
             headers = {"X-API-Key": self.target.api_key} if self.target.api_key else {}
             try:
                 self.ws = await self.http.ws_connect(f"/sessions/{self.session_id}/stream", headers=headers,
@@ -139,7 +154,10 @@ class SessionDriver:
 
     async def _exchange(self, body: bytes) -> Any:
         if self.ws is not None:
-            await self.ws.send_str(body.decode())
+            if self.target.transport == "rtserve-ws-binary":
+                await self.ws.send_bytes(body)
+            else:
+                await self.ws.send_str(body.decode())
             answer = json.loads(await self.ws.receive_str())
             if answer.get("event") == "error":
                 raise RuntimeError(f"error frame: {str(answer)[:300]}")
@@ -185,7 +203,7 @@ async def _run_share(connection: Any, target: Target, sessions: list[list[bytes]
     import aiohttp
 
     headers = {"content-type": "application/json"} | ({"x-api-key": target.api_key} if target.api_key else {})
-    connections = len(sessions) if target.transport == "rtserve-ws" else slots  # a stream holds its own
+    connections = len(sessions) if target.transport in STREAMS else slots  # a stream holds its own
     http = aiohttp.ClientSession(target.url, headers=headers,
                                  timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS),
                                  connector=aiohttp.TCPConnector(limit=connections + 4))

@@ -16,9 +16,10 @@ A session's pieces travel one of two ways (``client.session(..., transport=...)`
 - ``"stream"``, the default: the session's WebSocket (``/sessions/{id}/stream``), opened at the first piece and kept
   open until the session is finished or closed. A piece is one frame each way: no HTTP request to parse and route,
   and the replica holding the stream keeps the session's state in memory, so it reads nothing from Redis for the
-  next piece (over HTTP, a load balancer may send each piece to another replica, which must read it). Where the
-  service does not offer the stream (an older service, or a proxy that does not pass WebSockets on), the session
-  goes over HTTP by itself, and so do the client's later sessions; ``session.transport`` says which it uses.
+  next piece (over HTTP, a load balancer may send each piece to another replica, which must read it). Rows go as
+  binary frames of float32 values where the replica says it takes them (its ``open`` frame), as JSON otherwise.
+  Where the service does not offer the stream (an older service, or a proxy that does not pass WebSockets on), the
+  session goes over HTTP by itself, and so do the client's later sessions; ``session.transport`` says which it uses.
 - ``"http"``: one ``POST /sessions/{id}/segments`` per piece.
 
 Retries, the same guarantees either way: a 503 (Redis unavailable; ``Retry-After`` is honoured) or a broken
@@ -51,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import struct
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
@@ -59,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
+import numpy as np
 import websockets.asyncio.client
 import websockets.sync.client
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidMessage, InvalidStatus
@@ -136,6 +139,23 @@ def _rows(rows: Sequence[Sequence[float]] | None) -> list[list[float]] | None:
     return [list(map(float, row)) for row in rows] if rows is not None else None
 
 
+def _binary_rows(frame: dict[str, Any]) -> bytes | None:
+    """A piece of rows as the stream's binary frame (seq, rows, columns, then the values as float32, which is what a
+    forecaster reads); None for any other frame, or rows that are not one rectangle of finite float32 numbers (sent
+    as JSON, for the replica to say what is wrong)."""
+    rows = frame.get("rows")
+    if rows is None or set(frame) != {"seq", "rows"} or not rows:
+        return None
+    try:
+        values = np.asarray(rows, dtype=np.float64)
+    except ValueError:  # ragged
+        return None
+    narrow = values.astype("<f4")
+    if values.ndim != 2 or not np.isfinite(narrow).all():
+        return None
+    return struct.pack("<QII", frame["seq"], *values.shape) + narrow.tobytes()
+
+
 class _SSE:
     """Server-Sent Events, parsed line by line: (event, data) pairs."""
 
@@ -196,8 +216,9 @@ class IO:
       too); it is closed when the plan ends;
     - ``next_line`` (source): the event source's next line, None at its end;
     - ``connect`` (path): a WebSocket (a refused upgrade raises ``InvalidStatus``);
-    - ``send_frame`` (connection, text); ``receive_frame`` (connection): the next text frame (``ConnectionClosed`` once
-      the connection is closed, ``TimeoutError`` after the client's timeout); ``disconnect`` (connection);
+    - ``send_frame`` (connection, text or bytes); ``receive_frame`` (connection): the next text frame
+      (``ConnectionClosed`` once the connection is closed, ``TimeoutError`` after the client's timeout);
+      ``disconnect`` (connection);
     - ``sleep`` (seconds).
     """
 
@@ -393,6 +414,7 @@ class _SessionCalls:
         self.seq: int = info["seq"]
         self.transport: Transport = "http" if client.streams_offered is False else transport
         self.opened: dict[str, Any] | None = None  # the session as the stream's last `open` frame told it
+        self.binary_rows = False  # the replica at the stream's end takes rows as binary frames (its `open` frame)
         self.reconnects: Counter[str] = Counter()  # the stream's reconnects, by reason ("closed 1012", "dropped", ...)
         self._connection: Any = None  # the stream, while open
 
@@ -501,6 +523,7 @@ class _SessionCalls:
         self.client.streams_offered = True
         opened = json.loads((yield IO("receive_frame", connection)))
         self.opened = opened["session"]
+        self.binary_rows = opened.get("binary_rows") is True
         return True
 
     def _over_stream(self, frame: dict[str, Any]) -> Plan:
@@ -515,13 +538,14 @@ class _SessionCalls:
         it had. A later one was not applied: now it is. Each attempt waits longer (``backoff``, doubled each time, or
         the server's Retry-After); after ``retries`` in a row the last failure is raised."""
         text = json.dumps(frame)
+        binary = _binary_rows(frame)
         said = ""  # a summary's text emitted so far: after a reconnect the finish streams the summary from its start
         for attempt in range(self.client.retries + 1):
             try:
                 if self._connection is None and not (yield from self._open_stream()):
                     self.transport = "http"
                     return _NO_STREAM
-                yield IO("send_frame", self._connection, text)
+                yield IO("send_frame", self._connection, binary if binary and self.binary_rows else text)
                 heard = ""
                 while True:
                     reply = json.loads((yield IO("receive_frame", self._connection)))
@@ -630,8 +654,8 @@ class Client(_Calls):
         self._streams.add(connection)
         return connection
 
-    def _send_frame(self, connection: websockets.sync.client.ClientConnection, text: str) -> None:
-        connection.send(text)
+    def _send_frame(self, connection: websockets.sync.client.ClientConnection, frame: str | bytes) -> None:
+        connection.send(frame)
 
     def _receive_frame(self, connection: websockets.sync.client.ClientConnection) -> str:
         return str(connection.recv(timeout=self.timeout))
@@ -716,8 +740,8 @@ class AsyncClient(_Calls):
         self._streams.add(connection)
         return connection
 
-    async def _send_frame(self, connection: websockets.asyncio.client.ClientConnection, text: str) -> None:
-        await connection.send(text)
+    async def _send_frame(self, connection: websockets.asyncio.client.ClientConnection, frame: str | bytes) -> None:
+        await connection.send(frame)
 
     async def _receive_frame(self, connection: websockets.asyncio.client.ClientConnection) -> str:
         async with asyncio.timeout(self.timeout):

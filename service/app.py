@@ -108,6 +108,13 @@ lives in Redis.
   the stored result, exactly once), then `finish`: the one-shot answer for the whole input, plus `session`.
 """
 
+# a request is matched against the routes in this order until one fits: the pieces' routes first (the busiest)
+MATCH_ORDER = (sessions.router, forecast.router, classify.router, streams.router, v2.router, summarize.router,
+               health.router, models.router, docs.router)
+# the API reference lists them in reading order
+READING_ORDER = (health.router, models.router, classify.router, summarize.router, forecast.router, sessions.router,
+                 streams.router, v2.router, docs.router)
+
 
 def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None = None) -> FastAPI:
     settings = settings or Settings()
@@ -121,8 +128,7 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
     app.state.metrics = metrics
     app.state.shutdown = shutdown = Shutdown(settings.shutdown_drain_seconds, settings.shutdown_timeout_seconds)
     install_error_handlers(app)
-    for router in (health.router, models.router, classify.router, summarize.router, forecast.router,
-                   sessions.router, streams.router, v2.router, docs.router):
+    for router in MATCH_ORDER:
         app.include_router(router)
     app.mount(docs.ASSETS_URL, docs.assets(), name="docs-assets")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -145,7 +151,9 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema, plus the SSE event schema, less the 422 FastAPI adds to routes that cannot answer it."""
     if app.openapi_schema:
         return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
+    routes = sorted(app.routes, key=lambda route: READING_ORDER.index(getattr(route, "original_router", None))
+                    if getattr(route, "original_router", None) in READING_ORDER else len(READING_ORDER))
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=routes,
                          tags=app.openapi_tags)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for event in (TokenEvent, ErrorEvent, *v2.EXTRA_SCHEMAS):

@@ -44,10 +44,20 @@ def error_body(scope: Scope, detail: str, **extra: Any) -> dict[str, Any]:
             "request_id": request_id_of(scope)}
 
 
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The request's first header ``name`` (lower case), as sent; None when it has none."""
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return value
+    return None
+
+
+
+
 def take_request_id(scope: Scope) -> str:
     """The request's id, the client's ``X-Request-ID`` when it is plain (else a new one), put in its state."""
-    sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
-    request_id = sent if _CLIENT_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
+    sent = (header(scope, b"x-request-id") or b"").decode("latin-1")
+    request_id = sent if sent and _CLIENT_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
     scope.setdefault("state", {})["request_id"] = request_id
     return request_id
 
@@ -111,7 +121,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(scope, send, 413, f"request body exceeds {self.max_bytes} bytes: {TOO_LARGE_HINT}")
             return

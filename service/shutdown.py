@@ -130,9 +130,10 @@ class ShutdownMiddleware:
             nonlocal started, ended, event_stream
             if message["type"] == "http.response.start":
                 started = True
-                headers = MutableHeaders(raw=list(message.get("headers", [])))
-                event_stream = headers.get("content-type", "").startswith("text/event-stream")
+                event_stream = any(key == b"content-type" and value.startswith(b"text/event-stream")
+                                   for key, value in message.get("headers", ()))
                 if self.shutdown.draining:
+                    headers = MutableHeaders(raw=list(message.get("headers", [])))
                     headers["connection"] = "close"  # replaces a stream's `keep-alive`
                     message = {**message, "headers": headers.raw}
             elif message["type"] == "http.response.body" and not message.get("more_body", False):

@@ -4,6 +4,7 @@ same step graph, one client for both; skipped, saying why, without the peer venv
 
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -235,7 +236,12 @@ class FakeSessionStream:
         await ws.send_json({"event": "open", "session": {"id": request.match_info["id"], "seq": 0}})
         seq = 0
         async for message in ws:
-            frame = json.loads(message.data)
+            if message.type == web.WSMsgType.BINARY:  # seq, rows, columns, float32 values
+                seq_sent, count, columns = struct.unpack_from("<QII", message.data)
+                values = np.frombuffer(message.data, "<f4", offset=16).reshape(count, columns)
+                frame = {"seq": seq_sent, "rows": values.tolist(), "binary": True}
+            else:
+                frame = json.loads(message.data)
             self.frames.append(frame)
             if "finish" in frame:
                 await ws.send_json({"session": {"seq": seq}, "result": {}})
@@ -257,18 +263,23 @@ class FakeSessionStream:
         self.thread.join(10)
 
 
-def test_the_session_stream_sends_piece_frames_in_order_and_finishes_or_says_it_is_not_served():
+@pytest.mark.parametrize("transport", ["rtserve-ws", "rtserve-ws-binary"])
+def test_the_session_stream_sends_piece_frames_in_order_and_finishes_or_says_it_is_not_served(transport):
     from loadtest.closed_loop import ClientPool
 
-    pieces = [[json.dumps({"seq": k, "rows": [[1.0]]}).encode() for k in (1, 2, 3)] for _ in range(3)]
+    pieces = [[json.dumps({"seq": k, "rows": [[1.5, -2.0]]}).encode() for k in (1, 2, 3)] for _ in range(3)]
     pool = ClientPool(2)
     served, missing = FakeSessionStream(with_stream=True), FakeSessionStream(with_stream=False)
     try:
-        run = pool.run(Target("rtserve-ws", served.url, "m:1"), pieces, lambda: 0.0, keep_answers=True)
+        run = pool.run(Target(transport, served.url, "m:1"), pieces, lambda: 0.0, keep_answers=True)
         assert run.unavailable is None and run.errors == [] and run.pieces == 9 and run.processes == 2
         assert [frame for frame in served.frames if "finish" in frame] == [{"finish": {}}] * 3
+        binary = transport == "rtserve-ws-binary"
+        assert sorted(frame["seq"] for frame in served.frames if "seq" in frame) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+        assert all(frame["rows"] == [[1.5, -2.0]] and frame.get("binary", False) is binary
+                   for frame in served.frames if "seq" in frame)
         assert [answer["session"]["seq"] for answer in run.answers] == [3, 3, 3] and len(served.deleted) == 3
-        run = pool.run(Target("rtserve-ws", missing.url, "m:1"), pieces, lambda: 0.0)
+        run = pool.run(Target(transport, missing.url, "m:1"), pieces, lambda: 0.0)
         assert run.unavailable.startswith("not served by this rtserve (HTTP 404") and run.pieces == 0
         assert len(missing.deleted) == 3  # the sessions it opened are deleted all the same
     finally:

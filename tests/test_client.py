@@ -335,6 +335,7 @@ def test_a_session_over_its_stream_answers_as_over_http(server, task):
             answers = [session.send(**piece) for piece in pieces]
             final = session.finish(**options)
             assert session.transport == transport and not session.reconnects
+            assert session.binary_rows is (transport == "stream")  # a forecast's rows then went as binary frames
         return answers, final
 
     async def over_the_stream_awaited():

@@ -4,6 +4,7 @@ HTTP piece route, over one connection.
 - stream == whole for every task, a summary's token frames included;
 - exactly once: a retried ``seq`` is answered ``replayed`` from the stored result, a conflicting one refused;
 - HTTP pieces and streams mixed in one session, one after the other and at once;
+- binary row frames are the pieces of their float32 values;
 - bad frames get an ``error`` frame, apply nothing and leave the stream usable;
 - the upgrade checks the API key and the session; a shutting-down replica closes with 1012, Redis gone with 1013.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from contextlib import contextmanager
 
 import numpy as np
@@ -246,3 +248,69 @@ def test_a_piece_that_reaches_an_idle_stream_as_its_drain_begins_is_answered_or_
         client.portal.call(piece_then_drain)
         answered = ws.receive()["type"] == "websocket.send"
     assert client.get(f"/sessions/{session}").json()["seq"] == (2 if answered else 1)
+
+
+def binary(seq, values):
+    """A binary piece frame: the header (seq, rows, columns), then the rows' float32 values."""
+    array = np.asarray(values, dtype="<f4")
+    return struct.pack("<QII", seq, *array.shape) + array.tobytes()
+
+
+def test_binary_row_frames_are_the_pieces_of_their_float32_values(client):
+    """A binary frame is the JSON piece of its float32 values: the same answers, the same session, a retry of it
+    replayed, and stream == whole."""
+    rng = np.random.default_rng()
+    pieces = [np.asarray(rows(rng, count), dtype=np.float32) for count in (30, 1, 17)]
+    as_json = [piece.astype(np.float64).tolist() for piece in pieces]  # the float32 values, written exactly
+    whole = client.post("/forecast", json={"rows": [row for piece in as_json for row in piece]}).json()
+    by_json = client.post("/sessions", json={"task": "forecast"}).json()["id"]
+    by_binary = client.post("/sessions", json={"task": "forecast"}).json()["id"]
+    with open_stream(client, by_json) as (ws, _):
+        json_answers = []
+        for seq, piece in enumerate(as_json, 1):
+            ws.send_text(json.dumps({"seq": seq, "rows": piece}))
+            json_answers.append(frame(ws))
+    with open_stream(client, by_binary) as (ws, _):
+        for seq, piece in enumerate(pieces, 1):
+            ws.send_bytes(binary(seq, piece))
+            answer = frame(ws)
+            assert answer["result"] == json_answers[seq - 1]["result"] and not answer["replayed"]
+        ws.send_bytes(binary(3, pieces[2]))  # a retry
+        assert frame(ws)["replayed"] is True
+        ws.send_text(json.dumps({"seq": 3, "rows": as_json[2]}))  # the same values as JSON: the same piece
+        assert frame(ws)["replayed"] is True
+        ws.send_text(json.dumps({"finish": {}}))
+        final = frame(ws)
+    assert final["forecast"] == whole["forecast"] and final["session"]["consumed"] == 48
+
+
+def test_bad_binary_frames_get_an_error_frame_and_apply_nothing(client):
+    rng = np.random.default_rng()
+    good = np.asarray(rows(rng, 4), dtype=np.float32)
+    nan = good.copy()
+    nan[1, 0] = np.nan
+    session = client.post("/sessions", json={"task": "forecast"}).json()["id"]
+    with open_stream(client, session) as (ws, _):
+        bad = [
+            (b"\x01\x02", "this one has 2 bytes"),
+            (binary(1, good)[:-4], f"header says 4 x {len(VARIABLES)} values"),
+            (binary(0, good), "from 1"),
+            (struct.pack("<QII", 1, 0, len(VARIABLES)), "`rows` is empty"),
+            (binary(1, good[:, :2]), "row 0 has 2 values"),
+            (binary(1, nan), "NaN"),
+            (binary(2, good), "out of order"),
+        ]
+        for data, says in bad:
+            ws.send_bytes(data)
+            error = frame(ws)
+            assert error["event"] == "error" and error["status"] in (409, 422), (says, error)
+            assert says in error["data"]["detail"], (says, error)
+        ws.send_bytes(binary(1, good))
+        assert frame(ws)["session"]["seq"] == 1
+    text_session = client.post("/sessions", json={"task": "classify"}).json()["id"]
+    with open_stream(client, text_session) as (ws, _):
+        ws.send_bytes(binary(1, good))
+        error = frame(ws)
+        assert error["status"] == 422 and "send `text`, not `rows`" in error["data"]["detail"]
+    assert client.get(f"/sessions/{session}").json()["consumed"] == 4
+    assert client.get(f"/sessions/{text_session}").json()["seq"] == 0

@@ -11,7 +11,8 @@ Per model (the RSA forecaster: rows; the RMT classifier: text, every piece exact
 cutter on both servers) and per session count (1, 16, 32): N sessions at a time each send K pieces in order,
 waiting for each answer (:mod:`loadtest.closed_loop`, several client processes), more sessions following in the N
 slots until a run holds at least ``triton_rsa_min_pieces`` pieces (RMT: ``triton_rmt_min_pieces``), over rtserve's
-HTTP route, rtserve's session stream (where this rtserve serves it) and Triton's KServe v2 HTTP/JSON ``infer``. The
+HTTP route, rtserve's session stream (where this rtserve serves it; for RSA also with binary row frames) and
+Triton's KServe v2 HTTP/JSON ``infer``. The
 sides take turns run by run, in an order that reverses from one repeat to the next; medians over ``--repeats``,
 every run kept in the JSON.
 Per side: pieces/s, p50 and p99 piece latency, server CPU per piece (the server's whole process tree: rtserve's
@@ -220,6 +221,9 @@ async def run_triton(bench: Bench, install: TritonInstall) -> dict[str, Any]:
                               bench.stopwatch.server_cpu),
                          Side("rtserve-ws", Target("rtserve-ws", bench.url, ref, bench.api_key),
                               bench.stopwatch.server_cpu)]
+                if task == "forecast":  # rows: also as the stream's binary frames
+                    sides.append(Side("rtserve-ws-binary", Target("rtserve-ws-binary", bench.url, ref, bench.api_key),
+                                      bench.stopwatch.server_cpu))
                 for model in models[task]:
                     sides.append(Side(f"triton-{model.delay_ms:g}ms", Target(
                         "triton-http", server.url, model.name, text=model.text,

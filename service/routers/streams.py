@@ -2,7 +2,8 @@
 
 The session is created by ``POST /sessions``; the API key is checked once, at the upgrade. Frames are JSON text:
 
-- the server's first frame is ``{"event": "open", "session": <the session, with its seq>}``;
+- the server's first frame is ``{"event": "open", "session": <the session, with its seq>, "binary_rows": true}``
+  (``binary_rows``: it takes the binary frames below);
 - a piece frame is exactly the body of ``POST /sessions/{id}/segments`` (``{"seq", "text"}`` or ``{"seq", "rows"}``),
   and its answer frame is exactly that route's 200 answer;
 - ``{"finish": {...}}`` carries the finish route's body; its answer is the finish answer, or for a summary with
@@ -10,6 +11,11 @@ The session is created by ``POST /sessions``; the API key is checked once, at th
   <the answer>}``, as the Server-Sent Events of the finish route send them;
 - an error is ``{"event": "error", "data": <the route's error body>, "status": <code>}``; after a 4xx the stream
   stays open and nothing of the frame was applied.
+
+A piece of rows may also come as a binary frame (:func:`binary_rows`): a 16-byte header (``seq``, rows, columns as
+little-endian uint64, uint32, uint32), then the rows' float32 values, little-endian, row after row. It is the piece
+``{"seq", "rows"}`` of those values, with the same answer: no number is parsed from text, and nothing is lost, since
+a forecaster reads float32.
 
 Each piece goes through the same session flow as an HTTP piece (:mod:`service.session_flow`): its new state is
 committed to Redis (compare-and-set on ``seq``) before its answer frame is sent, so an acknowledged piece is exactly
@@ -27,9 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from typing import Any
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
@@ -43,6 +51,7 @@ from service.fast_path import piece_answer, plain_piece, session_fields
 from service.logs import request_id_var
 from service.middleware import record_request, take_request_id
 from service.routers.sessions import final_answer
+from service.runtime.pipeline import InputError
 from service.schemas import FinishRequest, RowsPiece, SegmentRequest
 from service.session_flow import SessionFlow
 from service.sessions import SessionMeta
@@ -57,6 +66,27 @@ SERVICE_RESTART, TRY_AGAIN_LATER, INTERNAL_ERROR = 1012, 1013, 1011  # WebSocket
 CLIENT_LEFT = 499  # the status the metrics record for a frame whose client left before its answer (nginx's)
 PIECES = TypeAdapter(SegmentRequest)
 FINISH = TypeAdapter(FinishRequest)
+ROWS_HEADER = struct.Struct("<QII")  # a binary piece's seq, rows and columns; its float32 values follow
+
+
+def binary_rows(frame: bytes) -> tuple[int, np.ndarray]:
+    """``(seq, rows)`` of a binary piece frame, the rows as a float64 array ``(T, C)`` of its float32 values;
+    :class:`InputError` (a 422) for a frame of another layout."""
+    layout = (f"a binary frame is a piece of rows: a {ROWS_HEADER.size}-byte header (seq, rows, columns: "
+              "little-endian uint64, uint32, uint32), then rows x columns little-endian float32 values")
+    if len(frame) < ROWS_HEADER.size:
+        raise InputError(f"{layout}; this one has {len(frame)} bytes")
+    seq, rows, columns = ROWS_HEADER.unpack_from(frame)
+    expected = ROWS_HEADER.size + 4 * rows * columns
+    if len(frame) != expected:
+        raise InputError(f"{layout}; its header says {rows} x {columns} values ({expected} bytes in all), the frame "
+                         f"has {len(frame)} bytes")
+    if seq < 1:
+        raise InputError("`seq` numbers the session's pieces from 1", loc=("body", "seq"))
+    if rows == 0:
+        raise InputError("`rows` is empty: send at least one row", loc=("body", "rows"))
+    values = np.frombuffer(frame, dtype="<f4", count=rows * columns, offset=ROWS_HEADER.size)
+    return seq, values.reshape(rows, columns).astype(np.float64)
 
 
 class ClientLeft(Exception):
@@ -78,7 +108,7 @@ class Stream:
 
     async def run(self, meta: SessionMeta) -> None:
         self.model = meta.model
-        await self._send({"event": "open", "session": session_fields(meta)})
+        await self._send({"event": "open", "session": session_fields(meta), "binary_rows": True})
         while not self.closing:
             self.waiting = True
             message = await self.websocket.receive()
@@ -119,6 +149,8 @@ class Stream:
         if len(frame) > self.settings.max_body_bytes:
             return await self._refuse(413, f"frame of {len(frame)} bytes exceeds {self.settings.max_body_bytes} "
                                            "(RTSERVE_MAX_BODY_BYTES): send the input in more pieces")
+        if type(frame) is bytes:
+            return await self._binary_piece(frame)
         try:
             body = orjson.loads(frame)
         except orjson.JSONDecodeError as error:
@@ -150,6 +182,22 @@ class Stream:
         else:
             assert text is not None
             check_text(text, self.settings)
+        return await self._apply(seq, text, rows)
+
+    async def _binary_piece(self, frame: bytes) -> int:
+        try:
+            self.shutdown.stream_pieces += 1
+            seq, rows = binary_rows(frame)
+            check_rows(rows, self.settings)
+            return await self._apply(seq, None, rows)
+        except ClientLeft:
+            raise
+        except Exception as error:
+            return await self._error(error)
+        finally:
+            self.shutdown.stream_pieces -= 1
+
+    async def _apply(self, seq: int, text: str | None, rows: np.ndarray | None) -> int:
         applied = await self.flow.apply(self.session_id, self.owner, seq, text, rows)
         answer = piece_answer(applied.meta, applied.result, applied.replayed, applied.result_json)
         await self._send_text(answer.decode())
