@@ -1,6 +1,7 @@
 """The service's and the floor server's instructions per RSA session piece, counted by valgrind (callgrind).
 
     .venv/bin/python benchmarks/piece_instructions.py [--pieces 200] [--model-repository ...]
+    .venv/bin/python benchmarks/piece_instructions.py --sessions 32 --transport http|stream|binary-stream
 
 Why: CPU time per piece on a shared VM drifts by a third within minutes, so a cut of a tenth needs dozens of
 alternated runs to show (docs/serving.md). Callgrind counts the instructions a process executes in user space,
@@ -16,12 +17,20 @@ own RSA pieces of 24 ETTh1 rows, each applying one step), ``callgrind_control -i
 callgrind's output when the server exits. Under valgrind a server runs some 50 times slower; the client does not
 run under it. RSA only: an RMT piece is its graph (40 ms of CPU), which would take minutes a piece under valgrind
 and which both servers run alike.
+
+With ``--sessions N`` (above 1) or another ``--transport``, the service alone: N sessions of 16 pieces at once (the
+bench's closed-loop client, :mod:`loadtest.closed_loop`) over HTTP, over their streams with rows as JSON, or with
+rows as binary frames; the sessions and their streams are opened once untimed and warmed by a first round, and the
+second round's pieces are counted. Under valgrind every batch fills (the server runs 50 times slower than its
+client), so the count is that of full batches; the graph's instructions (ONNX Runtime) are in it, the same for
+every transport.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import shutil
 import subprocess
 import sys
@@ -32,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 WARM_PIECES = 20
+SESSION_PIECES = 16  # each of --sessions sessions' pieces (their look-back included)
 
 
 def callgrind(command: list[str], out_file: Path) -> list[str]:
@@ -69,8 +79,35 @@ async def count_side(url: str, pid: int, model: str, pieces: list[bytes], counte
     await client.close()
 
 
-def one_session(repository: Path, data: Path, pieces: int) -> tuple[str, list[bytes]]:
-    """The RSA forecaster measured (as the bench picks it) and the pieces of one session: WARM_PIECES + ``pieces``."""
+async def count_sessions(url: str, pid: int, model: str, sessions: list[list[bytes]], transport: str) -> int:
+    """``sessions`` at once over ``transport``: a warm round, then a counted one; the pieces counted."""
+    import aiohttp
+
+    from loadtest.closed_loop import SessionDriver, Target
+
+    target = Target({"stream": "rtserve-ws", "binary-stream": "rtserve-ws-binary"}.get(transport, "rtserve-http"),
+                    url, model)
+    http = aiohttp.ClientSession(url, headers={"content-type": "application/json"},
+                                 connector=aiohttp.TCPConnector(limit=0))
+    try:
+        for counted in (False, True):
+            drivers = [SessionDriver(http, target, pieces, 0) for pieces in sessions]
+            for driver in drivers:
+                await driver.open()
+            if counted:
+                instrument(pid, True)
+            await asyncio.gather(*(driver.pieces() for driver in drivers))
+            if counted:
+                instrument(pid, False)
+            await asyncio.gather(*(driver.close() for driver in drivers))
+    finally:
+        await http.close()
+    return sum(len(pieces) for pieces in sessions)
+
+
+def rsa_sessions(repository: Path, data: Path, sessions: int, pieces: int) -> tuple[str, list[list[bytes]]]:
+    """The RSA forecaster measured (as the bench picks it) and the pieces of ``sessions`` sessions of ``pieces``
+    pieces each."""
     import json
 
     from loadtest import bench_inputs as inputs
@@ -83,8 +120,9 @@ def one_session(repository: Path, data: Path, pieces: int) -> tuple[str, list[by
         raise SystemExit(f"no RSA forecaster in {repository}")
     settings = manifest["settings"]
     values = inputs.etth1_values(data, list(settings["variables"]))
-    session = inputs.forecast_sessions(values, int(settings["lookback"]), 1, 24, WARM_PIECES + pieces)[0]
-    return f"{manifest['name']}:{manifest['version']}", session.pieces
+    lookback = int(settings["lookback"])
+    chosen = inputs.forecast_sessions(values, lookback, sessions, 24, pieces - math.ceil(lookback / 24))
+    return f"{manifest['name']}:{manifest['version']}", [session.pieces for session in chosen]
 
 
 def main() -> None:
@@ -93,7 +131,10 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--pieces", type=int, default=200)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
+    parser.add_argument("--sessions", type=int, default=1, help="sessions at once (above 1: the service alone)")
+    parser.add_argument("--transport", choices=("http", "stream", "binary-stream"), default="http")
     options = parser.parse_args()
+    concurrent = options.sessions > 1 or options.transport != "http"
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind (callgrind) is not installed")
 
@@ -101,11 +142,16 @@ def main() -> None:
     from loadtest.harness import Client, Server, free_port, server_environment
     from service.embedded_redis import EmbeddedRedis
 
-    model, pieces = one_session(options.model_repository, options.data, options.pieces)
+    if concurrent:
+        model, sessions = rsa_sessions(options.model_repository, options.data, options.sessions, SESSION_PIECES)
+    else:
+        model, sessions = rsa_sessions(options.model_repository, options.data, 1, WARM_PIECES + options.pieces)
+    pieces = sessions[0]
     folder = Path(tempfile.mkdtemp(prefix="rtserve-instructions-"))
     counts: dict[str, int] = {}
+    counted = options.pieces
     with EmbeddedRedis() as redis:
-        for side in ("service", "floor"):
+        for side in ("service",) if concurrent else ("service", "floor"):
             port = free_port()
             environment = server_environment(options.model_repository, port, redis.url) | {"PYTHONHASHSEED": "0"}
             if side == "service":
@@ -115,18 +161,24 @@ def main() -> None:
             out_file = folder / f"{side}.callgrind"
             server = Server(callgrind(command, out_file), environment, port, folder / f"{side}.log")
             try:
-                async def run(server: Server = server) -> None:
+                async def run(server: Server = server) -> int:
                     client = Client(server.url, None, 2, 2.0)
                     await server.wait_ready(client, options.startup_timeout)
                     await client.close()
+                    if concurrent:
+                        return await count_sessions(server.url, server.process.pid, model, sessions, options.transport)
                     await count_side(server.url, server.process.pid, model, pieces, options.pieces)
+                    return options.pieces
 
-                asyncio.run(run())
+                counted = asyncio.run(run())
             finally:
                 server.stop(timeout=300)
             counts[side] = counted_instructions(out_file)
-            print(f"{side}: {counts[side] / options.pieces:,.0f} instructions per piece ({options.pieces} pieces)",
-                  flush=True)
+            print(f"{side}: {counts[side] / counted:,.0f} instructions per piece ({counted} pieces)", flush=True)
+    if concurrent:
+        print(f"RSA pieces of {model}, {options.sessions} sessions over {options.transport}: "
+              f"{counts['service'] / counted:,.0f} instructions per piece (callgrind output in {folder})")
+        return
     print(f"RSA pieces of {model}, one session: service / floor instructions per piece "
           f"{counts['service'] / counts['floor']:.2f} (callgrind outputs in {folder})")
 

@@ -258,7 +258,8 @@ def triton_section(run: Mapping[str, Any]) -> list[str]:
         "each answer, more sessions following in the N slots until a run lasts at least "
         f"{run.get('min_pieces', {}).get('forecast', 0):,} RSA pieces ({run.get('min_pieces', {}).get('classify', 0)} "
         "RMT). Server CPU: the server's whole process tree (rtserve with the bench's Redis; Triton with its "
-        f"backend stubs). Ratios: rtserve / Triton ({configurations}), medians of per-repeat ratios. "
+        f"backend stubs). Ratios: rtserve / Triton ({configurations}; rtserve's binary row frames against Triton's "
+        "binary tensor data, `-binary`), medians of per-repeat ratios. "
         "`*`: the client was the limit in a run (see the notes).",
         "",
         "| model | sessions | transport | pieces/s | p50 ms | p99 ms | server CPU ms/piece | client CPU ms/piece "

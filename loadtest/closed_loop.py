@@ -16,6 +16,8 @@ Transports (:data:`TRANSPORTS`):
   columns; then the rows' little-endian float32 values) instead of JSON text.
 - ``triton-http``: KServe v2 ``POST /v2/models/{m}/infer``, JSON tensors, ``parameters.sequence_id`` with
   ``sequence_start`` on the first piece and ``sequence_end`` on the last.
+- ``triton-http-binary``: the same request with the rows as binary tensor data (Triton's extension: the JSON header,
+  then the float32 values; ``Inference-Header-Content-Length``), the answer JSON as before.
 
 Every answer is checked: rtserve's ``session.seq`` and ``session.segments`` must equal the piece's number (one
 piece, one step), Triton's ``STEPS`` output likewise. Bodies are prepared before the clock starts, sessions are
@@ -40,8 +42,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-TRANSPORTS = ("rtserve-http", "rtserve-ws", "rtserve-ws-binary", "triton-http")
+TRANSPORTS = ("rtserve-http", "rtserve-ws", "rtserve-ws-binary", "triton-http", "triton-http-binary")
 STREAMS = ("rtserve-ws", "rtserve-ws-binary")
+TRITON = ("triton-http", "triton-http-binary")
 BUSY_LIMIT = 0.9  # a client process busy this share of the run's wall time, or the cores this full: client-bound
 REQUEST_TIMEOUT_SECONDS = 300.0
 
@@ -78,9 +81,11 @@ class Run:
 
 
 # ---- the worker's side ----------------------------------------------------------------------------
-def triton_body(body: bytes, target: Target, sequence_id: int, first: bool, last: bool) -> bytes:
-    """rtserve's piece body as the KServe v2 request of the same piece."""
+def triton_body(body: bytes, target: Target, sequence_id: int, first: bool, last: bool, binary: bool = False) -> bytes:
+    """rtserve's piece body as the KServe v2 request of the same piece; with ``binary``, its rows as binary tensor
+    data: the JSON header, a newline, then the values, little-endian, of the input's datatype (FP32 or FP64)."""
     piece = json.loads(body)
+    data = b""
     if target.text:
         inputs = [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [piece["text"]]}]
     else:
@@ -88,10 +93,16 @@ def triton_body(body: bytes, target: Target, sequence_id: int, first: bool, last
         name, datatype = target.piece_input
         inputs = [{"name": name, "shape": [1, len(rows), len(rows[0])], "datatype": datatype,
                    "data": [value for row in rows for value in row]}]
-    return json.dumps({
+        if binary:
+            import numpy as np
+
+            data = np.asarray(inputs[0].pop("data"), dtype={"FP32": "<f4", "FP64": "<f8"}[datatype]).tobytes()
+            inputs[0]["parameters"] = {"binary_data_size": len(data)}
+    header = json.dumps({
         "parameters": {"sequence_id": sequence_id, "sequence_start": first, "sequence_end": last},
         "inputs": inputs, "outputs": [{"name": name} for name in (*target.outputs, "STEPS")],
     }, separators=(",", ":")).encode()
+    return header + b"\n" + data if binary else header
 
 
 def binary_piece(body: bytes) -> bytes:
@@ -123,9 +134,9 @@ class SessionDriver:
     async def open(self) -> None:
         import aiohttp
 
-        if self.target.transport == "triton-http":
-            last = len(self.bodies) - 1
-            self.bodies = [triton_body(body, self.target, self.sequence_id, k == 0, k == last)
+        if self.target.transport in TRITON:
+            last, binary = len(self.bodies) - 1, self.target.transport == "triton-http-binary"
+            self.bodies = [triton_body(body, self.target, self.sequence_id, k == 0, k == last, binary)
                            for k, body in enumerate(self.bodies)]
             return
         self.session_id = (await self._post("/sessions", json.dumps({"model": self.target.model}).encode()))["id"]
@@ -145,8 +156,8 @@ class SessionDriver:
             if opened.get("event") != "open":
                 raise RuntimeError(f"the stream's first frame is not 'open': {str(opened)[:200]}")
 
-    async def _post(self, path: str, body: bytes) -> Any:
-        async with self.http.post(path, data=body) as answer:
+    async def _post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> Any:
+        async with self.http.post(path, data=body, headers=headers) as answer:
             content = await answer.read()
             if answer.status >= 400:
                 raise RuntimeError(f"POST {path} answered {answer.status}: {content[:300].decode(errors='replace')}")
@@ -162,6 +173,10 @@ class SessionDriver:
             if answer.get("event") == "error":
                 raise RuntimeError(f"error frame: {str(answer)[:300]}")
             return answer
+        if self.target.transport == "triton-http-binary":
+            header_length = body.index(b"\n")  # the JSON header, a newline (JSON's whitespace), the tensor data
+            return await self._post(f"/v2/models/{self.target.model}/infer", body, {
+                "Inference-Header-Content-Length": str(header_length + 1), "Content-Type": "application/octet-stream"})
         if self.target.transport == "triton-http":
             return await self._post(f"/v2/models/{self.target.model}/infer", body)
         return await self._post(f"/sessions/{self.session_id}/segments", body)
@@ -171,7 +186,7 @@ class SessionDriver:
             started = time.perf_counter()
             answer = await self._exchange(body)
             self.latencies.append(time.perf_counter() - started)
-            if self.target.transport == "triton-http":
+            if self.target.transport in TRITON:
                 steps = triton_steps(answer)
             else:
                 steps = answer["session"]["segments"] if answer["session"]["seq"] == seq else -1

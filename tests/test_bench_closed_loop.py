@@ -119,6 +119,12 @@ def test_a_triton_request_carries_the_same_rows_or_text_as_the_rtserve_piece():
                                   first=False, last=True))
     assert text["inputs"] == [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["a piece"]}]
     assert text["parameters"]["sequence_end"] is True
+    binary = triton_body(json.dumps(rows).encode(), Target("triton-http-binary", "", "m"), 42, first=True, last=False,
+                         binary=True)
+    header, data = binary.split(b"\n", 1)  # the JSON header, then the tensor data
+    assert json.loads(header)["inputs"] == [{"name": "values", "shape": [1, 3, 2], "datatype": "FP32",
+                                             "parameters": {"binary_data_size": 24}}]
+    assert np.frombuffer(data, "<f4").tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 
 
 def test_answers_come_back_in_session_order_from_the_round_robin_shares():

@@ -77,6 +77,11 @@ class Side:
     def rtserve(self) -> bool:
         return self.name.startswith("rtserve")
 
+    @property
+    def binary(self) -> bool:
+        """Its rows go as binary data (rtserve's binary stream frames, Triton's binary tensor extension)."""
+        return self.name.endswith("-binary")
+
 
 def sessions_for(bench: Bench, task: str, count: int, pieces: int | None = None) -> list[SessionInput]:
     """RMT: documents cut into ``pieces`` one-segment pieces (default ``counts.pieces``); RSA: ETTh1 rows, the
@@ -134,7 +139,8 @@ def summarize(rows: list[dict[str, Any]], sides: Sequence[Side]) -> dict[str, An
         summary["sides"][side.name] = {**numbers, "client_limited": limited[0] if limited else None,
                                        "client_limited_runs": len(limited)}
     for ours in (side for side in sides if side.rtserve):
-        for theirs in (side for side in sides if not side.rtserve):
+        # like with like: rows sent as JSON against Triton's JSON tensors, binary rows against its binary data
+        for theirs in (side for side in sides if not side.rtserve and side.binary == ours.binary):
             pairs = [(row[ours.name], row[theirs.name]) for row in rows
                      if "pieces_per_second" in row.get(ours.name, {}) and "pieces_per_second" in row[theirs.name]]
             if pairs:
@@ -225,10 +231,11 @@ async def run_triton(bench: Bench, install: TritonInstall) -> dict[str, Any]:
                     sides.append(Side("rtserve-ws-binary", Target("rtserve-ws-binary", bench.url, ref, bench.api_key),
                                       bench.stopwatch.server_cpu))
                 for model in models[task]:
-                    sides.append(Side(f"triton-{model.delay_ms:g}ms", Target(
-                        "triton-http", server.url, model.name, text=model.text,
-                        piece_input=model.piece_inputs[0] if model.piece_inputs else ("", ""),
-                        outputs=model.answers), lambda: tree_cpu_seconds(triton_process)))
+                    for binary in (False, True) if task == "forecast" else (False,):  # rows: also as binary data
+                        sides.append(Side(f"triton-{model.delay_ms:g}ms{'-binary' if binary else ''}", Target(
+                            "triton-http-binary" if binary else "triton-http", server.url, model.name,
+                            text=model.text, piece_input=model.piece_inputs[0] if model.piece_inputs else ("", ""),
+                            outputs=model.answers), lambda: tree_cpu_seconds(triton_process)))
                 log.info("triton: %s at %s sessions, sides %s", ref, bench.counts.triton_sessions,
                          ", ".join(side.name for side in sides))
                 results["models"][task] = await compare_task(bench, pool, task, sides)
