@@ -150,7 +150,8 @@ def _binary_rows(frame: dict[str, Any]) -> bytes | None:
         values = np.asarray(rows, dtype=np.float64)
     except ValueError:  # ragged
         return None
-    narrow = values.astype("<f4")
+    with np.errstate(over="ignore"):  # past float32's range: infinite, and sent as JSON
+        narrow = values.astype("<f4")
     if values.ndim != 2 or not np.isfinite(narrow).all():
         return None
     return struct.pack("<QII", frame["seq"], *values.shape) + narrow.tobytes()

@@ -52,8 +52,6 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-
-
 def take_request_id(scope: Scope) -> str:
     """The request's id, the client's ``X-Request-ID`` when it is plain (else a new one), put in its state."""
     sent = (header(scope, b"x-request-id") or b"").decode("latin-1")

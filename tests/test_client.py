@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -605,3 +606,14 @@ def test_a_client_leaving_its_stream_mid_summary_is_no_error_of_the_replica(serv
     time.sleep(0.5)
     new = [json.loads(line) for line in log.read_text().splitlines()[lines_before:]]
     assert not [line["message"] for line in new if line["level"] == "ERROR"]
+
+
+def test_rows_go_as_a_binary_frame_only_when_they_are_one_rectangle_of_float32_numbers():
+    from rtserve.client import _binary_rows
+
+    frame = _binary_rows({"seq": 3, "rows": [[1.0, 2.5], [-3.0, 4.0]]})
+    assert struct.unpack_from("<QII", frame) == (3, 2, 2)
+    assert np.frombuffer(frame, "<f4", offset=16).tolist() == [1.0, 2.5, -3.0, 4.0]
+    for other in ({"seq": 1, "text": "words"}, {"seq": 1, "rows": []}, {"seq": 1, "rows": [[1.0], [1.0, 2.0]]},
+                  {"seq": 1, "rows": [[1e39]]}, {"seq": 1, "rows": [[float("nan")]]}, {"finish": {}}):
+        assert _binary_rows(other) is None, other  # sent as JSON: the replica says what is wrong, as over HTTP
