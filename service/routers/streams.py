@@ -149,14 +149,16 @@ class Stream:
         if len(frame) > self.settings.max_body_bytes:
             return await self._refuse(413, f"frame of {len(frame)} bytes exceeds {self.settings.max_body_bytes} "
                                            "(RTSERVE_MAX_BODY_BYTES): send the input in more pieces")
-        if type(frame) is bytes:
-            return await self._binary_piece(frame)
-        try:
-            body = orjson.loads(frame)
-        except orjson.JSONDecodeError as error:
-            return await self._refuse(422, f"the frame is not valid JSON: {error}")
+        body: Any = None
+        if type(frame) is not bytes:
+            try:
+                body = orjson.loads(frame)
+            except orjson.JSONDecodeError as error:
+                return await self._refuse(422, f"the frame is not valid JSON: {error}")
         try:
             self.shutdown.stream_pieces += 1  # a request in flight, for the batcher's lone-request rule
+            if type(frame) is bytes:
+                return await self._binary_piece(frame)
             if type(body) is dict and "finish" in body:
                 return await self._finish(body)
             return await self._piece(body, frame)
@@ -185,17 +187,9 @@ class Stream:
         return await self._apply(seq, text, rows)
 
     async def _binary_piece(self, frame: bytes) -> int:
-        try:
-            self.shutdown.stream_pieces += 1
-            seq, rows = binary_rows(frame)
-            check_rows(rows, self.settings)
-            return await self._apply(seq, None, rows)
-        except ClientLeft:
-            raise
-        except Exception as error:
-            return await self._error(error)
-        finally:
-            self.shutdown.stream_pieces -= 1
+        seq, rows = binary_rows(frame)
+        check_rows(rows, self.settings)
+        return await self._apply(seq, None, rows)
 
     async def _apply(self, seq: int, text: str | None, rows: np.ndarray | None) -> int:
         applied = await self.flow.apply(self.session_id, self.owner, seq, text, rows)
