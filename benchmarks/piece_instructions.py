@@ -83,10 +83,9 @@ async def count_sessions(url: str, pid: int, model: str, sessions: list[list[byt
     """``sessions`` at once over ``transport``: a warm round, then a counted one; the pieces counted."""
     import aiohttp
 
-    from loadtest.closed_loop import SessionDriver, Target
+    from loadtest.closed_loop import RTSERVE_TRANSPORTS, SessionDriver, Target
 
-    target = Target({"stream": "rtserve-ws", "binary-stream": "rtserve-ws-binary"}.get(transport, "rtserve-http"),
-                    url, model)
+    target = Target(RTSERVE_TRANSPORTS[transport], url, model)
     http = aiohttp.ClientSession(url, headers={"content-type": "application/json"},
                                  connector=aiohttp.TCPConnector(limit=0))
     try:
@@ -126,13 +125,15 @@ def rsa_sessions(repository: Path, data: Path, sessions: int, pieces: int) -> tu
 
 
 def main() -> None:
+    from loadtest.closed_loop import RTSERVE_TRANSPORTS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--pieces", type=int, default=200)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     parser.add_argument("--sessions", type=int, default=1, help="sessions at once (above 1: the service alone)")
-    parser.add_argument("--transport", choices=("http", "stream", "binary-stream"), default="http")
+    parser.add_argument("--transport", choices=tuple(RTSERVE_TRANSPORTS), default="http")
     options = parser.parse_args()
     concurrent = options.sessions > 1 or options.transport != "http"
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:

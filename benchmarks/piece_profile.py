@@ -108,7 +108,7 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
     import aiohttp
 
     from loadtest import bench_inputs as inputs
-    from loadtest.closed_loop import SessionDriver, Target
+    from loadtest.closed_loop import RTSERVE_TRANSPORTS, SessionDriver, Target
     from loadtest.harness import Client, tree_cpu_seconds
 
     client = Client(url, None, 4, 2.0)
@@ -124,8 +124,7 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
         sessions = inputs.classify_sessions(entry, model["manifest"], inputs.hyperpartisan_texts(data),
                                             max(sessions_count, 32), 8)
     ref = f"{model['name']}:{model['version']}"
-    target = Target({"stream": "rtserve-ws", "binary-stream": "rtserve-ws-binary"}.get(transport, "rtserve-http"), url,
-                    ref)
+    target = Target(RTSERVE_TRANSPORTS[transport], url, ref)
     chosen = sessions[:sessions_count] if sessions_count > 1 else sessions[:8]
     http = aiohttp.ClientSession(url, headers={"content-type": "application/json"},
                                  connector=aiohttp.TCPConnector(limit=0))
@@ -174,12 +173,14 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
 
 
 def main() -> None:
+    from loadtest.closed_loop import RTSERVE_TRANSPORTS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--task", choices=("forecast", "classify"), default="forecast")
     parser.add_argument("--sessions", type=int, default=32)
-    parser.add_argument("--transport", choices=("http", "stream", "binary-stream"), default="http",
+    parser.add_argument("--transport", choices=tuple(RTSERVE_TRANSPORTS), default="http",
                         help="pieces as HTTP requests or over each session's stream (rows as JSON or binary frames)")
     parser.add_argument("--rounds", type=int, default=8, help="times every session's pieces are sent")
     parser.add_argument("--rate", type=int, default=200, help="samples per second per thread")

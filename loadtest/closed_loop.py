@@ -36,7 +36,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,8 @@ from typing import Any
 
 TRANSPORTS = ("rtserve-http", "rtserve-ws", "rtserve-ws-binary", "triton-http", "triton-http-binary")
 STREAMS = ("rtserve-ws", "rtserve-ws-binary")
+# rtserve's transports by the names the profiling scripts take (benchmarks/piece_profile.py, piece_instructions.py)
+RTSERVE_TRANSPORTS = {"http": "rtserve-http", "stream": "rtserve-ws", "binary-stream": "rtserve-ws-binary"}
 TRITON = ("triton-http", "triton-http-binary")
 BUSY_LIMIT = 0.9  # a client process busy this share of the run's wall time, or the cores this full: client-bound
 REQUEST_TIMEOUT_SECONDS = 300.0
@@ -106,12 +107,11 @@ def triton_body(body: bytes, target: Target, sequence_id: int, first: bool, last
 
 
 def binary_piece(body: bytes) -> bytes:
-    """A ``{"seq", "rows"}`` piece as the session stream's binary frame: seq, rows, columns, then float32 values."""
-    import numpy as np
+    """A ``{"seq", "rows"}`` piece as the session stream's binary frame (the client's)."""
+    from rtserve.client import binary_rows_frame
 
     piece = json.loads(body)
-    rows = np.asarray(piece["rows"], dtype="<f4")
-    return struct.pack("<QII", piece["seq"], *rows.shape) + rows.tobytes()
+    return binary_rows_frame(piece["seq"], piece["rows"])
 
 
 def triton_steps(answer: dict[str, Any]) -> int:

@@ -139,10 +139,17 @@ def _rows(rows: Sequence[Sequence[float]] | None) -> list[list[float]] | None:
     return [list(map(float, row)) for row in rows] if rows is not None else None
 
 
+def binary_rows_frame(seq: int, values: np.ndarray) -> bytes:
+    """The session stream's binary frame of a piece of rows: seq, rows, columns (little-endian uint64, uint32,
+    uint32), then ``values`` (rows x columns) as little-endian float32, row after row."""
+    values = np.ascontiguousarray(values, dtype="<f4")
+    return struct.pack("<QII", seq, *values.shape) + values.tobytes()
+
+
 def _binary_rows(frame: dict[str, Any]) -> bytes | None:
-    """A piece of rows as the stream's binary frame (seq, rows, columns, then the values as float32, which is what a
-    forecaster reads); None for any other frame, or rows that are not one rectangle of finite float32 numbers (sent
-    as JSON, for the replica to say what is wrong)."""
+    """A piece of rows as the stream's binary frame (:func:`binary_rows_frame`; float32 is what a forecaster reads);
+    None for any other frame, or rows that are not one rectangle of finite float32 numbers (sent as JSON, for the
+    replica to say what is wrong)."""
     rows = frame.get("rows")
     if rows is None or set(frame) != {"seq", "rows"} or not rows:
         return None
@@ -154,7 +161,7 @@ def _binary_rows(frame: dict[str, Any]) -> bytes | None:
         narrow = values.astype("<f4")
     if values.ndim != 2 or not np.isfinite(narrow).all():
         return None
-    return struct.pack("<QII", frame["seq"], *values.shape) + narrow.tobytes()
+    return binary_rows_frame(frame["seq"], narrow)
 
 
 class _SSE:

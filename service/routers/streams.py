@@ -149,16 +149,14 @@ class Stream:
         if len(frame) > self.settings.max_body_bytes:
             return await self._refuse(413, f"frame of {len(frame)} bytes exceeds {self.settings.max_body_bytes} "
                                            "(RTSERVE_MAX_BODY_BYTES): send the input in more pieces")
-        body: Any = None
-        if type(frame) is not bytes:
-            try:
-                body = orjson.loads(frame)
-            except orjson.JSONDecodeError as error:
-                return await self._refuse(422, f"the frame is not valid JSON: {error}")
         try:
             self.shutdown.stream_pieces += 1  # a request in flight, for the batcher's lone-request rule
             if type(frame) is bytes:
                 return await self._binary_piece(frame)
+            try:
+                body = orjson.loads(frame)
+            except orjson.JSONDecodeError as error:
+                return await self._refuse(422, f"the frame is not valid JSON: {error}")
             if type(body) is dict and "finish" in body:
                 return await self._finish(body)
             return await self._piece(body, frame)

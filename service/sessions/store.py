@@ -11,6 +11,7 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -54,11 +55,11 @@ class Piece:
     units_read: int  # tokens or rows it added
     segments: int  # graph steps it applied
     chunk: Arrays | None = None  # its append-only part of the state (SRformer)
-    result_json: bytes = b""  # ``result`` as JSON (serialized once: what Redis stores and the answer carries)
 
-    def __post_init__(self) -> None:
-        if not self.result_json:
-            self.result_json = result_json.dumps(self.result)
+    @cached_property
+    def result_json(self) -> bytes:
+        """``result`` as JSON, serialized once: what Redis stores and the piece's answer carries."""
+        return result_json.dumps(self.result)
 
 
 class SessionStore:
