@@ -16,6 +16,11 @@ the server (its whole process tree, with rtserve's Redis; Triton with its backen
 (perf_analyzer), over the whole run, divided by the pieces the server counted (its statistics extension). What each
 server does per piece that the other does not: :data:`loadtest.scenarios.triton.PER_PIECE`.
 
+With ``--floor`` (gRPC), a third server is driven the same way: the gRPC floor (``benchmarks/grpc_floor.py``),
+grpcio's asyncio server (the API rtserve's gRPC server runs on) answering each streamed request with rtserve's own
+answer to a piece, captured from rtserve in the same run, and doing nothing else. Its CPU per piece is what grpcio and
+protobuf cost in Python before any work, so that rtserve's figure splits into the transport's share and its own.
+
 :func:`find_perf_analyzer` and :func:`run` are what tests/test_kserve_perf_analyzer.py uses too.
 """
 
@@ -43,6 +48,7 @@ import psutil
 from loadtest.harness import HOST, Server, free_port, tree_cpu_seconds
 from loadtest.triton.server import TritonServer, find_triton, triton_venv
 
+GRPC_FLOOR = Path(__file__).resolve().parents[1] / "benchmarks" / "grpc_floor.py"
 HOW_TO_GET_IT = ("perf_analyzer comes with tritonclient 2.50.0 in the Triton peer's venv: `make peers` (.venv-peers), "
                  "or ../shared/peers/triton/setup.sh (/tmp/trv); pass --triton-venv")
 
@@ -112,10 +118,14 @@ def inference_count(base_url: str, model: str, headers: dict[str, str] | None = 
 
 
 def measure(analyzer: PerfAnalyzer, side: str, model: str, base_url: str, grpc_url: str, data: Path,
-            processes: list[psutil.Process], args: argparse.Namespace, concurrency: int) -> dict[str, Any]:
+            processes: list[psutil.Process], args: argparse.Namespace, concurrency: int,
+            count: Callable[[], int] | None = None) -> dict[str, Any]:
+    """One server's row at ``concurrency``. ``count``: the server's count of inferences (default: its statistics
+    over HTTP, :func:`inference_count`)."""
     url = grpc_url if args.protocol == "grpc" else base_url.removeprefix("http://")
+    count = count or functools.partial(inference_count, base_url, model)
     cpu_before = sum(tree_cpu_seconds(process) for process in processes)
-    count_before = inference_count(base_url, model)
+    count_before = count()
     started = time.monotonic()
     try:
         figures = run(analyzer, model, url, args.protocol, data, concurrency, args.sequence_length,
@@ -125,7 +135,7 @@ def measure(analyzer: PerfAnalyzer, side: str, model: str, base_url: str, grpc_u
         return {"server": side, "concurrency": concurrency, "error": str(error)[-500:],
                 "server_alive": alive}
     seconds = time.monotonic() - started
-    pieces = inference_count(base_url, model) - count_before
+    pieces = count() - count_before
     cpu = sum(tree_cpu_seconds(process) for process in processes) - cpu_before
     return {"server": side, "concurrency": concurrency, "pieces_per_second": round(figures["pieces_per_second"], 1),
             "p50_ms": figures["p50_us"] / 1000, "p99_ms": figures["p99_us"] / 1000, "pieces": pieces,
@@ -134,16 +144,28 @@ def measure(analyzer: PerfAnalyzer, side: str, model: str, base_url: str, grpc_u
             "server_cores_busy": round(cpu / seconds, 2)}
 
 
-def measure_each(concurrencies: list[int], at: Callable[[int], dict[str, Any]], died: str) -> list[dict[str, Any]]:
-    """One server's rows (``at``: its row at a concurrency), a concurrency at a time, each printed as it comes; the
-    first its server did not survive is the last (``died`` said after it)."""
+def measure_each(concurrencies: list[int], at: Callable[[int], dict[str, Any]], died: str,
+                 restart: Callable[[], Callable[[int], dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+    """One server's rows (``at``: its row at a concurrency), a concurrency at a time, each printed as it comes. A
+    concurrency its server did not survive is said (``died``), then with ``restart`` (a fresh server: its ``at``)
+    tried once more, its row marked ``crashed_first``; without it, or when the second try crashes too, it is the
+    last."""
     rows: list[dict[str, Any]] = []
     for concurrency in concurrencies:
-        rows.append(at(concurrency))
-        print(json.dumps(rows[-1]), flush=True)
-        if rows[-1].get("server_alive") is False:
+        row = at(concurrency)
+        print(json.dumps(row), flush=True)
+        if row.get("server_alive") is False:
             print(died, flush=True)
-            break
+            if restart is None:
+                rows.append(row)
+                break
+            at = restart()
+            row = at(concurrency) | {"crashed_first": True}
+            print(json.dumps(row), flush=True)
+            if row.get("server_alive") is False:
+                rows.append(row)
+                break
+        rows.append(row)
     return rows
 
 
@@ -158,8 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--measurement-ms", type=int, default=4000)
     parser.add_argument("--only", choices=("rtserve", "triton"), default=None)
+    parser.add_argument("--floor", action="store_true",
+                        help="also drive the gRPC floor (benchmarks/grpc_floor.py: grpcio's asyncio server answering "
+                             "each streamed request with rtserve's captured answer, nothing else)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
+    if args.floor and (args.only == "triton" or args.protocol != "grpc"):
+        parser.error("--floor answers with rtserve's captured answers over gRPC: run it with rtserve and "
+                     "--protocol grpc")
 
     from loadtest.triton.repository import write_model
     from service.embedded_redis import EmbeddedRedis
@@ -189,27 +217,103 @@ def main(argv: list[str] | None = None) -> int:
                 at = functools.partial(measure, analyzer, "rtserve", args.model, server.url, f"{HOST}:{grpc_port}",
                                        data, processes, args)
                 rows += measure_each(concurrencies, at, f"rtserve died; its log: {server.log_path}")
+                if args.floor:
+                    capture_answers(f"{HOST}:{grpc_port}", args.model, args.rows, width, work / "captured")
             finally:
                 server.stop()
+        if args.floor and args.protocol == "grpc":
+            rows += measure_floor(analyzer, args, work, width, concurrencies)
     if args.only != "rtserve":
         install = find_triton(venv)
         if isinstance(install, str):
             raise SystemExit(f"Triton side: {install}")
         model = write_model(work / "triton", entry, manifest, 0.0, 0)
-        server = TritonServer(install, work / "triton", [model.name], work / "tritonserver.log", grpc=True)
-        try:
+        (piece_input, _), = model.piece_inputs
+        data = write_input_data(work / "triton.json", piece_input, args.rows, width)
+        servers: list[TritonServer] = []
+
+        def start_triton() -> Callable[[int], dict[str, Any]]:
+            """A fresh tritonserver (its log beside the last's), and its row at a concurrency."""
+            log_path = work / f"tritonserver-{len(servers) + 1}.log"
+            servers.append(server := TritonServer(install, work / "triton", [model.name], log_path, grpc=True))
             wait_ready(f"{server.url}/v2/models/{model.name}/ready", server)
-            (piece_input, _), = model.piece_inputs
-            data = write_input_data(work / "triton.json", piece_input, args.rows, width)
-            at = functools.partial(measure, analyzer, "triton", model.name, server.url, server.grpc_url, data,
-                                   [psutil.Process(server.process.pid)], args)
-            rows += measure_each(concurrencies, at, f"tritonserver died; its log: {server.log_path}")
+            return functools.partial(measure, analyzer, "triton", model.name, server.url, server.grpc_url, data,
+                                     [psutil.Process(server.process.pid)], args)
+
+        try:
+            rows += measure_each(concurrencies, start_triton(), f"tritonserver died; its logs: {work}/tritonserver-*",
+                                 restart=start_triton)
         finally:
-            server.stop()
+            for server in servers:
+                server.stop()
     print_table(rows, args)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def capture_answers(target: str, model: str, rows: int, width: int, folder: Path) -> None:
+    """What the gRPC floor answers with, taken from rtserve's gRPC server at ``target``: the model's metadata and
+    configuration, and rtserve's answer to the 5th piece of a sequence of 6 (a running answer, with the forecast once
+    the look-back is read), each a serialized message in ``folder`` (:data:`GRPC_FLOOR`'s ``--captured``)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    rng = np.random.default_rng(1)
+    with grpc.insecure_channel(target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        metadata = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=model))
+        config = stub.ModelConfig(service_pb2.ModelConfigRequest(name=model))
+        answers = []
+        for index in range(6):
+            request = service_pb2.ModelInferRequest(model_name=model, id=str(index + 1))
+            request.inputs.add(name=metadata.inputs[0].name, datatype="FP32", shape=[rows, width])
+            request.raw_input_contents.append((rng.standard_normal((rows, width)) * 3 + 10).astype("<f4").tobytes())
+            request.parameters["sequence_id"].int64_param = 1
+            request.parameters["sequence_start"].bool_param = index == 0
+            request.parameters["sequence_end"].bool_param = index == 5
+            answers.append(stub.ModelInfer(request))
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, message in (("metadata", metadata), ("config", config), ("answer", answers[4])):
+        (folder / name).write_bytes(message.SerializeToString())
+
+
+def grpc_inference_count(target: str, model: str) -> int:
+    """A gRPC server's count of inferences of ``model`` (the statistics extension's ``ModelStatistics``)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        statistics = stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name=model), timeout=10)
+    return sum(entry.inference_count for entry in statistics.model_stats)
+
+
+def measure_floor(analyzer: PerfAnalyzer, args: argparse.Namespace, work: Path, width: int,
+                  concurrencies: list[int]) -> list[dict[str, Any]]:
+    """The gRPC floor's rows (:data:`GRPC_FLOOR`, answering with what :func:`capture_answers` took from rtserve),
+    driven as the servers are."""
+    port = free_port()
+    target = f"{HOST}:{port}"
+    server = Server([sys.executable, str(GRPC_FLOOR), "--port", str(port), "--captured", str(work / "captured")],
+                    dict(os.environ), port, work / "grpc-floor.log")
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # it answers its statistics once it listens
+            try:
+                grpc_inference_count(target, args.model)
+                break
+            except Exception:
+                if server.process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the gRPC floor did not start:\n{server.log_tail()}") from None
+                time.sleep(0.2)
+        data = write_input_data(work / "floor.json", "ROWS", args.rows, width)
+        at = functools.partial(measure, analyzer, "grpc-floor", args.model, "", target, data,
+                               [psutil.Process(server.process.pid)], args,
+                               count=functools.partial(grpc_inference_count, target, args.model))
+        return measure_each(concurrencies, at, f"the gRPC floor died; its log: {server.log_path}")
+    finally:
+        server.stop()
 
 
 def wait_ready(url: str, server: Server, timeout: float = 300) -> None:
@@ -238,7 +342,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             print(f"| {row['server']} | {row['concurrency']} | failed{died}"
                   " | | | | |")
             continue
-        print(f"| {row['server']} | {row['concurrency']} | {row['pieces_per_second']} | {row['p50_ms']:.2f} | "
+        again = " (a fresh server: the first try crashed it)" if row.get("crashed_first") else ""
+        print(f"| {row['server']} | {row['concurrency']}{again} | {row['pieces_per_second']} | {row['p50_ms']:.2f} | "
               f"{row['p99_ms']:.2f} | {row['server_cpu_ms_per_piece']} | {row['client_cpu_ms_per_piece']} |")
 
 

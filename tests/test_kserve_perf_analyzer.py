@@ -6,6 +6,7 @@ or ../shared/peers/triton/setup.sh: /tmp/trv; or RTSERVE_BENCH_TRITON_VENV)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import httpx
@@ -53,3 +54,77 @@ def test_perf_analyzer_runs_sequences_against_rtserve_over_grpc_and_http(analyze
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_grpc_floor_answers_every_streamed_request_with_rtservers_captured_answer(analyzer, forecast_repository,
+                                                                                  redis_url, tmp_path):
+    """The floor of ``python -m loadtest.perf_analyzer --floor`` answers what rtserve answered for a piece (the same
+    outputs, to the byte), under each request's id, and perf_analyzer drives it as it drives the servers."""
+    import grpc
+    import numpy as np
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    from loadtest.harness import Server
+    from loadtest.perf_analyzer import GRPC_FLOOR, capture_answers, grpc_inference_count
+
+    port, grpc_port = free_port(), free_port()
+    process = start_rtserve({"RTSERVE_MODEL_REPOSITORY": str(forecast_repository[0]), "RTSERVE_REDIS_URL": redis_url,
+                             "RTSERVE_REDIS_KEY_PREFIX": f"grpc-floor-{os.getpid()}",
+                             "RTSERVE_LOG_LEVEL": "warning", "RTSERVE_GRPC_PORT": str(grpc_port)}, port)
+    try:
+        capture_answers(f"127.0.0.1:{grpc_port}", "rsa-tiny", rows=6, width=7, folder=tmp_path / "captured")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    captured = service_pb2.ModelInferResponse.FromString((tmp_path / "captured" / "answer").read_bytes())
+    assert captured.model_name == "rsa-tiny" and [o.name for o in captured.outputs][0] == "FORECAST"
+
+    floor_port = free_port()
+    floor = Server([sys.executable, str(GRPC_FLOOR), "--port", str(floor_port), "--captured",
+                    str(tmp_path / "captured")], dict(os.environ), floor_port, tmp_path / "floor.log")
+    target = f"127.0.0.1:{floor_port}"
+    try:
+        with grpc.insecure_channel(target) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            requests = []
+            for index in range(3):
+                request = service_pb2.ModelInferRequest(model_name="rsa-tiny", id=f"piece-{index}")
+                request.inputs.add(name="ROWS", datatype="FP32", shape=[6, 7])
+                request.raw_input_contents.append(np.ones((6, 7), "<f4").tobytes())
+                requests.append(request)
+            answers = [message.infer_response for message in stub.ModelStreamInfer(iter(requests), timeout=30)]
+        assert [answer.id for answer in answers] == ["piece-0", "piece-1", "piece-2"]
+        for answer in answers:
+            assert answer.outputs == captured.outputs and answer.raw_output_contents == captured.raw_output_contents
+        assert grpc_inference_count(target, "rsa-tiny") == 3
+
+        data = write_input_data(tmp_path / "rows.json", "ROWS", rows=6, width=7, steps=4)
+        figures = run(analyzer, "rsa-tiny", target, "grpc", data, concurrency=2, sequence_length=4,
+                      measurement_ms=800, timeout=120)
+        assert figures["pieces_per_second"] > 0 and grpc_inference_count(target, "rsa-tiny") > 3, figures["output"]
+    finally:
+        floor.stop()
+
+
+def test_a_server_that_dies_under_a_concurrency_is_started_afresh_and_tried_there_once_more(capsys):
+    from loadtest.perf_analyzer import measure_each
+
+    def first(concurrency: int) -> dict:
+        if concurrency == 2:
+            return {"concurrency": concurrency, "error": "timed out", "server_alive": False}
+        return {"concurrency": concurrency, "pieces_per_second": 1.0}
+
+    def fresh(concurrency: int) -> dict:
+        return {"concurrency": concurrency, "pieces_per_second": 2.0}
+
+    rows = measure_each([1, 2, 4], first, "died", restart=lambda: fresh)
+    assert rows == [{"concurrency": 1, "pieces_per_second": 1.0},
+                    {"concurrency": 2, "pieces_per_second": 2.0, "crashed_first": True},
+                    {"concurrency": 4, "pieces_per_second": 2.0}]
+    assert "died" in capsys.readouterr().out
+    dead = {"concurrency": 1, "error": "timed out", "server_alive": False}
+    assert measure_each([1, 2], lambda c: dead, "died") == [dead]  # without a restart, the last row
+    again = measure_each([1, 2], lambda c: dead, "died", restart=lambda: lambda c: dead)
+    assert again == [dead | {"crashed_first": True}]  # the fresh server died too: the last row
