@@ -1,7 +1,7 @@
 """The service's and the floor server's instructions per RSA session piece, counted by valgrind (callgrind).
 
     .venv/bin/python benchmarks/piece_instructions.py [--pieces 200] [--model-repository ...]
-    .venv/bin/python benchmarks/piece_instructions.py --sessions 32 --transport http|stream|binary-stream
+    .venv/bin/python benchmarks/piece_instructions.py --sessions 32 --transport http|stream|binary-stream|grpc-stream
 
 Why: CPU time per piece on a shared VM drifts by a third within minutes, so a cut of a tenth needs dozens of
 alternated runs to show (docs/serving.md). Callgrind counts the instructions a process executes in user space,
@@ -21,7 +21,10 @@ and which both servers run alike.
 With ``--sessions N`` (above 1) or another ``--transport``, the service alone: N sessions of 16 pieces at once (the
 bench's closed-loop client, :mod:`loadtest.closed_loop`) over HTTP, over their streams with rows as JSON, or with
 rows as binary frames; the sessions and their streams are opened once untimed and warmed by a first round, and the
-second round's pieces are counted. Under valgrind every batch fills (the server runs 50 times slower than its
+second round's pieces are counted. ``grpc-stream``: KServe v2 over gRPC as ``perf_analyzer --streaming`` sends it,
+each session a sequence on its own ``ModelStreamInfer`` stream (``sequence_start`` on its first piece,
+``sequence_end`` on its last, the rows as raw FP32), so the count takes in each sequence's create and finish. Under
+valgrind every batch fills (the server runs 50 times slower than its
 client), so the count is that of full batches; the graph's instructions (ONNX Runtime) are in it, the same for
 every transport.
 """
@@ -36,6 +39,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -104,6 +110,50 @@ async def count_sessions(url: str, pid: int, model: str, sessions: list[list[byt
     return sum(len(pieces) for pieces in sessions)
 
 
+async def count_grpc_sequences(target: str, pid: int, model: str, sessions: list[list[bytes]]) -> int:
+    """``sessions`` as KServe v2 sequences, each on its own gRPC stream (``perf_analyzer --streaming``'s way): a
+    warm round, then a counted one; the pieces counted."""
+    import grpc
+    import orjson
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    name = model.split(":", 1)[0]
+
+    def requests(pieces: list[bytes], sequence_id: int) -> list[Any]:
+        messages = []
+        for index, body in enumerate(pieces):
+            rows = np.asarray(orjson.loads(body)["rows"], dtype="<f4")
+            message = service_pb2.ModelInferRequest(model_name=name, id=str(index + 1))
+            message.inputs.add(name="ROWS", datatype="FP32", shape=list(rows.shape))
+            message.raw_input_contents.append(rows.tobytes())
+            message.parameters["sequence_id"].uint64_param = sequence_id
+            message.parameters["sequence_start"].bool_param = index == 0
+            message.parameters["sequence_end"].bool_param = index == len(pieces) - 1
+            messages.append(message)
+        return messages
+
+    async def sequence(stub: Any, messages: list[Any]) -> None:
+        call = stub.ModelStreamInfer()
+        for message in messages:  # the next piece once the last is answered, as perf_analyzer's sequences go
+            await call.write(message)
+            answer = await call.read()
+            if answer.error_message:
+                raise RuntimeError(answer.error_message)
+        await call.done_writing()
+
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for counted in (False, True):
+            rounds = [requests(pieces, 1 + index + (len(sessions) if counted else 0))
+                      for index, pieces in enumerate(sessions)]
+            if counted:
+                instrument(pid, True)
+            await asyncio.gather(*(sequence(stub, messages) for messages in rounds))
+            if counted:
+                instrument(pid, False)
+    return sum(len(pieces) for pieces in sessions)
+
+
 def rsa_sessions(repository: Path, data: Path, sessions: int, pieces: int) -> tuple[str, list[list[bytes]]]:
     """The RSA forecaster measured (as the bench picks it) and the pieces of ``sessions`` sessions of ``pieces``
     pieces each."""
@@ -133,7 +183,7 @@ def main() -> None:
     parser.add_argument("--pieces", type=int, default=200)
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     parser.add_argument("--sessions", type=int, default=1, help="sessions at once (above 1: the service alone)")
-    parser.add_argument("--transport", choices=tuple(RTSERVE_TRANSPORTS), default="http")
+    parser.add_argument("--transport", choices=(*RTSERVE_TRANSPORTS, "grpc-stream"), default="http")
     options = parser.parse_args()
     concurrent = options.sessions > 1 or options.transport != "http"
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -155,6 +205,9 @@ def main() -> None:
         for side in ("service",) if concurrent else ("service", "floor"):
             port = free_port()
             environment = server_environment(options.model_repository, port, redis.url) | {"PYTHONHASHSEED": "0"}
+            grpc_port = free_port()
+            if options.transport == "grpc-stream":
+                environment["RTSERVE_GRPC_PORT"] = str(grpc_port)
             if side == "service":
                 command = [sys.executable, "-m", "rtserve.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
             else:
@@ -162,10 +215,13 @@ def main() -> None:
             out_file = folder / f"{side}.callgrind"
             server = Server(callgrind(command, out_file), environment, port, folder / f"{side}.log")
             try:
-                async def run(server: Server = server) -> int:
+                async def run(server: Server = server, grpc_port: int = grpc_port) -> int:
                     client = Client(server.url, None, 2, 2.0)
                     await server.wait_ready(client, options.startup_timeout)
                     await client.close()
+                    if options.transport == "grpc-stream":
+                        return await count_grpc_sequences(f"127.0.0.1:{grpc_port}", server.process.pid, model,
+                                                          sessions)
                     if concurrent:
                         return await count_sessions(server.url, server.process.pid, model, sessions, options.transport)
                     await count_side(server.url, server.process.pid, model, pieces, options.pieces)
