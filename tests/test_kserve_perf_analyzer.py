@@ -9,11 +9,25 @@ import os
 import sys
 from pathlib import Path
 
+import grpc
 import httpx
+import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from loadtest.chaos import free_port
-from loadtest.perf_analyzer import PerfAnalyzer, find_perf_analyzer, inference_count, run, write_input_data
+from loadtest.harness import Server
+from loadtest.perf_analyzer import (
+    GRPC_FLOOR,
+    PerfAnalyzer,
+    capture_answers,
+    find_perf_analyzer,
+    grpc_inference_count,
+    inference_count,
+    measure_each,
+    run,
+    write_input_data,
+)
 from tests.service_helpers import start_rtserve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,17 +71,10 @@ def test_perf_analyzer_runs_sequences_against_rtserve_over_grpc_and_http(analyze
 
 
 @pytest.mark.slow
-def test_grpc_floor_answers_every_streamed_request_with_rtservers_captured_answer(analyzer, forecast_repository,
-                                                                                  redis_url, tmp_path):
+def test_grpc_floor_answers_every_streamed_request_with_the_answer_captured_from_rtserve(
+        analyzer, forecast_repository, redis_url, tmp_path):
     """The floor of ``python -m loadtest.perf_analyzer --floor`` answers what rtserve answered for a piece (the same
     outputs, to the byte), under each request's id, and perf_analyzer drives it as it drives the servers."""
-    import grpc
-    import numpy as np
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-    from loadtest.harness import Server
-    from loadtest.perf_analyzer import GRPC_FLOOR, capture_answers, grpc_inference_count
-
     port, grpc_port = free_port(), free_port()
     process = start_rtserve({"RTSERVE_MODEL_REPOSITORY": str(forecast_repository[0]), "RTSERVE_REDIS_URL": redis_url,
                              "RTSERVE_REDIS_KEY_PREFIX": f"grpc-floor-{os.getpid()}",
@@ -109,8 +116,6 @@ def test_grpc_floor_answers_every_streamed_request_with_rtservers_captured_answe
 
 
 def test_a_server_that_dies_under_a_concurrency_is_started_afresh_and_tried_there_once_more(capsys):
-    from loadtest.perf_analyzer import measure_each
-
     def first(concurrency: int) -> dict:
         if concurrency == 2:
             return {"concurrency": concurrency, "error": "timed out", "server_alive": False}
