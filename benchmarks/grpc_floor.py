@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import uvloop
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 # the captured answers, each a serialized message in a file of this name (``loadtest.perf_analyzer.capture_answers``)
@@ -86,8 +87,6 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--captured", type=Path, required=True, help="the folder the captured answers are in")
     options = parser.parse_args()
-    import uvloop
-
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the loop rtserve's server runs on
         runner.run(serve(options.port, read_captured(options.captured)))
 
