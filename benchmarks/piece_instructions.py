@@ -115,22 +115,15 @@ async def count_grpc_sequences(target: str, pid: int, model: str, sessions: list
     warm round, then a counted one; the pieces counted."""
     import grpc
     import orjson
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    from loadtest.perf_analyzer import sequence_request
 
     name = model.split(":", 1)[0]
 
     def requests(pieces: list[bytes], sequence_id: int) -> list[Any]:
-        messages = []
-        for index, body in enumerate(pieces):
-            rows = np.asarray(orjson.loads(body)["rows"], dtype="<f4")
-            message = service_pb2.ModelInferRequest(model_name=name, id=str(index + 1))
-            message.inputs.add(name="ROWS", datatype="FP32", shape=list(rows.shape))
-            message.raw_input_contents.append(rows.tobytes())
-            message.parameters["sequence_id"].uint64_param = sequence_id
-            message.parameters["sequence_start"].bool_param = index == 0
-            message.parameters["sequence_end"].bool_param = index == len(pieces) - 1
-            messages.append(message)
-        return messages
+        return [sequence_request(name, "ROWS", np.asarray(orjson.loads(body)["rows"]), sequence_id, index, len(pieces))
+                for index, body in enumerate(pieces)]
 
     async def sequence(stub: Any, messages: list[Any]) -> None:
         call = stub.ModelStreamInfer()

@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                     capture_answers(f"{HOST}:{grpc_port}", args.model, args.rows, width, work / "captured")
             finally:
                 server.stop()
-        if args.floor and args.protocol == "grpc":
-            rows += measure_floor(analyzer, args, work, width, concurrencies)
+        if args.floor:
+            rows += measure_floor(analyzer, args, work, data, concurrencies)
     if args.only != "rtserve":
         install = find_triton(venv)
         if isinstance(install, str):
@@ -252,6 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def sequence_request(model: str, input_name: str, rows: np.ndarray, sequence_id: int, index: int, length: int) -> Any:
+    """Piece ``index`` of a sequence of ``length`` as perf_analyzer sends it over gRPC: a ``ModelInferRequest`` of the
+    rows as raw FP32, ``sequence_start`` on the first piece and ``sequence_end`` on the last."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model, id=str(index + 1))
+    request.inputs.add(name=input_name, datatype="FP32", shape=list(rows.shape))
+    request.raw_input_contents.append(np.ascontiguousarray(rows, dtype="<f4").tobytes())
+    request.parameters["sequence_id"].uint64_param = sequence_id
+    request.parameters["sequence_start"].bool_param = index == 0
+    request.parameters["sequence_end"].bool_param = index == length - 1
+    return request
+
+
 def capture_answers(target: str, model: str, rows: int, width: int, folder: Path) -> None:
     """What the gRPC floor answers with, taken from rtserve's gRPC server at ``target``: the model's metadata and
     configuration, and rtserve's answer to the 5th piece of a sequence of 6 (a running answer, with the forecast once
@@ -264,15 +278,9 @@ def capture_answers(target: str, model: str, rows: int, width: int, folder: Path
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         metadata = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=model))
         config = stub.ModelConfig(service_pb2.ModelConfigRequest(name=model))
-        answers = []
-        for index in range(6):
-            request = service_pb2.ModelInferRequest(model_name=model, id=str(index + 1))
-            request.inputs.add(name=metadata.inputs[0].name, datatype="FP32", shape=[rows, width])
-            request.raw_input_contents.append((rng.standard_normal((rows, width)) * 3 + 10).astype("<f4").tobytes())
-            request.parameters["sequence_id"].int64_param = 1
-            request.parameters["sequence_start"].bool_param = index == 0
-            request.parameters["sequence_end"].bool_param = index == 5
-            answers.append(stub.ModelInfer(request))
+        answers = [stub.ModelInfer(sequence_request(model, metadata.inputs[0].name,
+                                                    rng.standard_normal((rows, width)) * 3 + 10, 1, index, 6))
+                   for index in range(6)]
     folder.mkdir(parents=True, exist_ok=True)
     for name, message in (("metadata", metadata), ("config", config), ("answer", answers[4])):
         (folder / name).write_bytes(message.SerializeToString())
@@ -289,10 +297,10 @@ def grpc_inference_count(target: str, model: str) -> int:
     return sum(entry.inference_count for entry in statistics.model_stats)
 
 
-def measure_floor(analyzer: PerfAnalyzer, args: argparse.Namespace, work: Path, width: int,
+def measure_floor(analyzer: PerfAnalyzer, args: argparse.Namespace, work: Path, data: Path,
                   concurrencies: list[int]) -> list[dict[str, Any]]:
     """The gRPC floor's rows (:data:`GRPC_FLOOR`, answering with what :func:`capture_answers` took from rtserve),
-    driven as the servers are."""
+    driven as the servers are, with rtserve's input ``data``."""
     port = free_port()
     target = f"{HOST}:{port}"
     server = Server([sys.executable, str(GRPC_FLOOR), "--port", str(port), "--captured", str(work / "captured")],
@@ -307,7 +315,6 @@ def measure_floor(analyzer: PerfAnalyzer, args: argparse.Namespace, work: Path, 
                 if server.process.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the gRPC floor did not start:\n{server.log_tail()}") from None
                 time.sleep(0.2)
-        data = write_input_data(work / "floor.json", "ROWS", args.rows, width)
         at = functools.partial(measure, analyzer, "grpc-floor", args.model, "", target, data,
                                [psutil.Process(server.process.pid)], args,
                                count=functools.partial(grpc_inference_count, target, args.model))

@@ -50,6 +50,7 @@ the reading of answers are the plans', shared by both.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import struct
@@ -545,15 +546,15 @@ class _SessionCalls:
         lost on the way back): sent again with the same seq and content it is answered ``replayed``, with the result
         it had. A later one was not applied: now it is. Each attempt waits longer (``backoff``, doubled each time, or
         the server's Retry-After); after ``retries`` in a row the last failure is raised."""
-        text = json.dumps(frame)
-        binary = _binary_rows(frame)
+        # the frame as sent, each form made once and only if sent: binary rows where the replica takes them, else JSON
+        binary, text = functools.cache(lambda: _binary_rows(frame)), functools.cache(lambda: json.dumps(frame))
         said = ""  # a summary's text emitted so far: after a reconnect the finish streams the summary from its start
         for attempt in range(self.client.retries + 1):
             try:
                 if self._connection is None and not (yield from self._open_stream()):
                     self.transport = "http"
                     return _NO_STREAM
-                yield IO("send_frame", self._connection, binary if binary and self.binary_rows else text)
+                yield IO("send_frame", self._connection, (self.binary_rows and binary()) or text())
                 heard = ""
                 while True:
                     reply = json.loads((yield IO("receive_frame", self._connection)))
