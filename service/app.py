@@ -9,7 +9,6 @@ global.
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 
+from service.collector import settle_after_startup
 from service.embedded_redis import EmbeddedRedis
 from service.errors import install_error_handlers
 from service.kserve.inference import Inference
@@ -74,9 +74,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             grpc_server = GrpcServer(InferenceServicer(inference, settings, metrics, shutdown, store), settings)
             app.state.grpc_port = await grpc_server.start()
             shutdown.when_stopping(grpc_server.stop_accepting)
-        # What startup built (models, routes, schemas: most of the heap) lives as long as the process: out of the
-        # cyclic collector's reach, so that its full collections do not scan it (tens of ms each, under load)
-        gc.freeze()
+        settle_after_startup()  # the cyclic collector: startup's heap frozen, young collections spaced out
         yield
     finally:
         if grpc_server is not None:

@@ -177,6 +177,32 @@ async def test_the_queue_delay_waits_only_for_company_the_last_batch_promises():
     await batcher.close()
 
 
+async def test_only_the_arrival_that_completes_the_promised_batch_wakes_the_waiting_worker():
+    class CountingEvent(asyncio.Event):
+        woke_waiting = 0  # set() calls that found the worker waiting on the event
+
+        def set(self):
+            CountingEvent.woke_waiting += bool(self._waiters)
+            super().set()
+
+    backend = SlowBackend(0.01)
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=16, max_queue_delay_seconds=5.0)
+    batcher._wakeup = CountingEvent()
+    x = np.ones((1, 2, 3), dtype=np.float32)
+    await asyncio.gather(*(batcher.submit({"x": x}) for _ in range(4)))  # a batch of 4 promises company
+    first = asyncio.ensure_future(batcher.submit({"x": x}))
+    await asyncio.sleep(0.02)  # the worker woke for it, found one row of four and waits for the rest
+    CountingEvent.woke_waiting = 0
+    second = asyncio.ensure_future(batcher.submit({"x": x}))
+    await asyncio.sleep(0.02)
+    third = asyncio.ensure_future(batcher.submit({"x": x}))
+    await asyncio.sleep(0.02)
+    assert CountingEvent.woke_waiting == 0 and not first.done()  # two and three rows of four: it sleeps on
+    await asyncio.wait_for(asyncio.gather(first, second, third, batcher.submit({"x": x})), 1.0)  # not the 5 s delay
+    assert CountingEvent.woke_waiting == 1 and backend.calls == [4, 4]
+    await batcher.close()
+
+
 async def test_a_light_graphs_lone_request_runs_on_the_event_loop_and_is_recorded():
     backend = RecordingBackend()
     metrics = ServiceMetrics(collect_gpu=False)

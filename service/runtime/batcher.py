@@ -55,11 +55,12 @@ from service.runtime.backends import Backend
 from service.runtime.batching import BatchingPolicy, ContinuousBatching
 from service.runtime.graph_runner import GraphRunner
 
-Signature = tuple[tuple[str, tuple[int, ...], str], ...]
+Signature = tuple[tuple[str, tuple[int, ...], np.dtype], ...]
 
 
 def signature(inputs: Mapping[str, np.ndarray]) -> Signature:
-    return tuple((name, tuple(array.shape[1:]), array.dtype.str) for name, array in sorted(inputs.items()))
+    """What calls must share to be stacked: each input's name, its non-batch axes and its dtype."""
+    return tuple((name, array.shape[1:], array.dtype) for name, array in sorted(inputs.items()))
 
 
 @dataclass(eq=False)  # identity, not field equality: deque.remove must never compare arrays
@@ -95,6 +96,7 @@ class DynamicBatcher(GraphRunner):
         self._queue: deque[_Pending] = deque()
         self._last_rows = 0  # rows of the previous batch: how much company to expect
         self._running = False  # a batch taken from the queue has not finished
+        self._waiting_for_company = False  # the worker waits, with a timer, for the rows the policy expects
 
     async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one step (batch axis 0, usually of size 1) as part of a batch; returns its own rows."""
@@ -110,8 +112,14 @@ class DynamicBatcher(GraphRunner):
             self._last_rows = pending.rows
             return self._run_on_loop(arrays, pending.rows)
         self._queue.append(pending)
-        self._wakeup.set()
+        if not self._waiting_for_company or self._company_came():
+            self._wakeup.set()  # else the worker sleeps on: its timer wakes it, or the arrival that completes the batch
         return await pending.future
+
+    def _company_came(self) -> bool:
+        """Whether the policy runs the queued calls now: asked at each arrival while the worker waits for company,
+        so that only the arrival that completes the batch wakes it."""
+        return self.policy.run_at(self._queue, self._expected(), self.max_batch_size) <= time.perf_counter()
 
     async def _run_forever(self) -> None:
         """The worker: one batch per turn of the loop.
@@ -153,9 +161,11 @@ class DynamicBatcher(GraphRunner):
             self._wakeup.clear()
             # a timer that sets the event, not asyncio.wait_for: no task and no timeout scope per wait
             timer = loop.call_later(remaining, self._wakeup.set)
+            self._waiting_for_company = True
             try:
                 await self._wakeup.wait()
             finally:
+                self._waiting_for_company = False
                 timer.cancel()
 
     def _expected(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import uvloop
 
+from service.collector import settle_after_startup
 from service.devices import DeviceConfigError
 from service.embedded_redis import die_with_parent
 from service.logs import configure_logging
@@ -34,6 +35,7 @@ async def serve_engine(socket_path: Path) -> None:
     engine = Engine(registry)
     await registry.load_all()
     server = await engine.serve(socket_path)  # the socket appears once every model is loaded
+    settle_after_startup()
     log.info("engine serving %d models on %s", len(registry.models), socket_path)
     loop_lag = LoopLag(observe=metrics.loop_lag.labels(loop="engine").observe)  # the one loop every front end feeds
     loop_lag.start()
