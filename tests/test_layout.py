@@ -63,11 +63,12 @@ RULES = [
 ]
 
 
-# Inside service/, bottom to top: the foundation (settings, metrics, logging, the Redis connection, codecs), then the
-# runtime (models, pipelines, batchers, backends) and the session store (scripts, leases, commits, kept states) side by
-# side, then the session flow over both, then HTTP (middleware, errors, the fast path, routers, the app).
-FOUNDATION = ("settings", "devices", "metrics", "gpu_metrics", "logs", "loop_lag", "tensor_codec", "result_json",
-              "state_store", "embedded_redis", "schemas")
+# Inside service/, bottom to top: the foundation (settings, metrics, logging, the garbage collector, the Redis
+# connection, codecs), then the runtime (models, pipelines, batchers, backends) and the session store (scripts, leases,
+# commits, kept states) side by side, then the session flow over both, then HTTP (middleware, errors, the fast path,
+# routers, the app).
+FOUNDATION = ("settings", "devices", "metrics", "gpu_metrics", "logs", "loop_lag", "collector", "tensor_codec",
+              "result_json", "state_store", "embedded_redis", "schemas")
 SERVICE = sorted({p.stem for p in (ROOT / "service").glob("*.py")} | {p.name for p in (ROOT / "service").iterdir()
                                                                       if p.is_dir() and (p / "__init__.py").exists()})
 

@@ -126,9 +126,9 @@ class DynamicBatcher(GraphRunner):
 
         A turn decides when the next batch runs and which queued calls it holds; both are the policy's
         answers (``self.policy``), so a different policy changes no line here. The worker never polls: it
-        sleeps on an empty queue, and while it waits for company each arrival wakes it to ask the policy
-        again. A batch runs on the backend's own thread, so calls keep arriving meanwhile and form the next
-        batch (continuous batching). Then, in order:
+        sleeps on an empty queue, and while it waits for company each arrival asks the policy again, waking
+        it only when the batch is due. A batch runs on the backend's own thread, so calls keep arriving
+        meanwhile and form the next batch (continuous batching). Then, in order:
         """
         while True:
             # 1) Idle: sleep until a call arrives.
