@@ -72,3 +72,19 @@ def test_fastapis_own_opentelemetry_is_skipped_unless_asked_for(redis_url, key_p
         with TestClient(create_app(settings)) as client:
             assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
         assert bool(looked_up) == opentelemetry, (opentelemetry, looked_up)
+
+
+def test_a_started_app_freezes_what_startup_built_and_spaces_young_collections_out(redis_url, key_prefix):
+    import gc
+
+    from service.collector import YOUNG_COLLECTION_THRESHOLD
+
+    before = gc.get_threshold()
+    gc.unfreeze()
+    gc.set_threshold(700, *before[1:])  # CPython's default, as a process starts
+    try:
+        with _client(redis_url, key_prefix):
+            assert gc.get_freeze_count() > 0
+            assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *before[1:])
+    finally:
+        gc.set_threshold(*before)
