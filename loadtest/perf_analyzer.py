@@ -156,16 +156,13 @@ def measure_each(concurrencies: list[int], at: Callable[[int], dict[str, Any]], 
         print(json.dumps(row), flush=True)
         if row.get("server_alive") is False:
             print(died, flush=True)
-            if restart is None:
-                rows.append(row)
-                break
-            at = restart()
-            row = at(concurrency) | {"crashed_first": True}
-            print(json.dumps(row), flush=True)
-            if row.get("server_alive") is False:
-                rows.append(row)
-                break
+            if restart is not None:
+                at = restart()
+                row = at(concurrency) | {"crashed_first": True}
+                print(json.dumps(row), flush=True)
         rows.append(row)
+        if row.get("server_alive") is False:
+            break
     return rows
 
 
