@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from service import result_json
 from service.metrics import ServiceMetrics
 from service.runtime.pipeline import Arrays, FinalResult, InputError, reads_nothing
 from service.runtime.registry import LoadedModel, ModelRegistry
@@ -92,7 +93,7 @@ class SessionFlow:
         incarnation, :meth:`SessionStore.create`)."""
         state = model.new_state()
         meta = await self.sessions.create(model.ref, model.task, owner, state, quota, session_id)
-        self.cache.keep(meta.id, Kept(meta, state, indexes_touched=time.time()))
+        self.cache.keep(meta.id, Kept(meta, state, indexes_touched=time.time(), result_json=None))
         return meta
 
     def model_of(self, meta: SessionMeta) -> LoadedModel:
@@ -219,7 +220,7 @@ class SessionFlow:
                         consumed.chunk)
         fresh = await self.sessions.commit(meta, written, token, touch)
         touched = now if touch or kept is None else kept.indexes_touched
-        self.cache.keep(meta.id, Kept(fresh, consumed.state, touched))
+        self.cache.keep(meta.id, Kept(fresh, consumed.state, touched, written.result_json))
         self.metrics.labelled(self.metrics.session_state_bytes, model.ref).observe(fresh.state_bytes)
         return Applied(fresh, consumed.result, replayed=False, result_json=written.result_json)
 
@@ -265,19 +266,35 @@ class SessionFlow:
     async def finish(self, session_id: str, owner: str, stream: bool = False,
                      options: dict[str, Any] | None = None) -> SessionEnd:
         """The final result. On a finished session: the stored one again (``replayed``). With ``stream`` the
-        tokens are in ``final.tokens`` and ``meta`` is the one after finishing once they are all out."""
+        tokens are in ``final.tokens`` and ``meta`` is the one after finishing once they are all out.
+
+        A session this replica applied the last piece of (its state kept, no chunks) is finished from what it kept,
+        without reading it first; the finish script's compare-and-set on ``seq`` and incarnation refuses a kept
+        state another replica moved past (or a session finished meanwhile), which is then finished from a read."""
+        kept = self.cache.get(session_id)
+        if not stream and kept is not None and kept.finishable_by(owner):
+            try:
+                return await self._finish(kept.meta, kept.state, kept.last_result(), [], stream, options,
+                                          from_kept=True)
+            except LostRace:  # not the session's current state: read it and finish from there
+                self.cache.drop(session_id)
         meta, state, last_result, chunks = await self.sessions.snapshot(session_id, owner, with_chunks=True)
+        return await self._finish(meta, state, last_result, chunks, stream, options)
+
+    async def _finish(self, meta: SessionMeta, state: Arrays, last_result: dict[str, Any] | None,
+                      chunks: list[Arrays], stream: bool, options: dict[str, Any] | None,
+                      from_kept: bool = False) -> SessionEnd:
         with about(meta):
             model = self.model_of(meta)
             if meta.status is SessionStatus.FINISHED:
                 return SessionEnd(model, meta, FinalResult(last_result or {}), replayed=True)
             final = await model.finish(state, chunks, last_result, stream=stream, options=options)
             if reads_nothing(final.result):  # single pieces may be empty, a whole document may not
-                raise SequenceConflict(f"session {session_id} has no text the model reads yet (its pieces are empty, "
+                raise SequenceConflict(f"session {meta.id} has no text the model reads yet (its pieces are empty, "
                                        "or only whitespace or control characters): send its text in pieces, then "
                                        "finish (the session stays open)", expected=meta.seq + 1)
             if final.tokens is None:
-                return SessionEnd(model, await self._store_final(meta, final.result), final)
+                return SessionEnd(model, await self._store_final(meta, final.result, from_kept), final)
             end = SessionEnd(model, meta, final)
             final.tokens = self._store_after_stream(end, final.tokens)
             return end
@@ -288,11 +305,16 @@ class SessionFlow:
         # the pipeline fills the result as it streams
         end.meta = await self._store_final(end.meta, end.final.result)
 
-    async def _store_final(self, meta: SessionMeta, result: dict[str, Any]) -> SessionMeta:
+    async def _store_final(self, meta: SessionMeta, result: dict[str, Any], from_kept: bool = False) -> SessionMeta:
+        """Finish the session at ``meta`` with ``result``. ``from_kept``: ``meta`` is what this replica kept, so a
+        lost race (or a session another request finished at this very seq) is :class:`LostRace`, for the caller to
+        read the session and decide again."""
         self.cache.drop(meta.id)
         try:
-            return await self.sessions.finish(meta, result)
+            return await self.sessions.finish(meta, result, only_now=from_kept)
         except LostRace:
+            if from_kept:
+                raise
             raise SequenceConflict("a piece arrived while the session was finishing; finish again",
                                    meta.seq + 1) from None
 
@@ -309,9 +331,10 @@ class SessionFlow:
         if kept is not None and taken == (kept.meta.seq, kept.meta.epoch):
             meta = kept.meta
         else:
-            meta, state, _, _ = await self.sessions.snapshot(session_id, owner)
+            meta, state, last_result, _ = await self.sessions.snapshot(session_id, owner)
             if meta.status is SessionStatus.OPEN:
-                self.cache.keep(session_id, Kept(meta, state, indexes_touched=0.0))
+                kept_result = result_json.dumps(last_result) if last_result is not None else None
+                self.cache.keep(session_id, Kept(meta, state, indexes_touched=0.0, result_json=kept_result))
                 if kept is None:  # not taken above
                     await self.sessions.leases.take_for_stream(session_id, lease)
         if meta.status is SessionStatus.OPEN:

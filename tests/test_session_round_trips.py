@@ -85,14 +85,16 @@ def active_sessions(client, model: str) -> float:
                if sample.labels["model"] == model)
 
 
-def test_a_create_costs_one_round_trip_a_finish_two_and_a_delete_two(client, round_trips):
+def test_a_create_costs_one_round_trip_a_finish_one_where_its_state_is_kept_two_elsewhere_and_a_delete_two(
+        client, round_trips):
     """On one server the create's script reserves the quota, writes the session and its live-index entry (the
-    active-session count rises), the finish's script takes it out of both indexes (the count falls back); a delete
-    reads the session once (its owner) and drops it."""
+    active-session count rises), the finish's script takes it out of both indexes (the count falls back): on the
+    replica that applied the last piece, from the state it kept; elsewhere after reading the session. A delete reads
+    the session once (its owner) and drops it."""
     warm_up = client.post("/sessions", json={"task": "forecast"}).json()
     client.post(f"/sessions/{warm_up['id']}/finish")  # scripts loaded by now
     model = warm_up["model"]
-    for _ in range(3):
+    for kept in (True, False, True):
         before = active_sessions(client, model)
         round_trips["count"] = 0
         session = client.post("/sessions", json={"task": "forecast"}).json()
@@ -100,9 +102,11 @@ def test_a_create_costs_one_round_trip_a_finish_two_and_a_delete_two(client, rou
         assert active_sessions(client, model) == before + 1
         url = f"/sessions/{session['id']}"
         assert client.post(f"{url}/segments", json={"seq": 1, "rows": rows(5)}).status_code == 200
+        if not kept:
+            client.app.state.flow.cache.drop(session["id"])  # as on another replica
         round_trips["count"] = 0
         assert client.post(f"{url}/finish").status_code == 200
-        assert round_trips["count"] == 2  # the snapshot, the finish
+        assert round_trips["count"] == (1 if kept else 2)  # (the snapshot), the finish
         assert active_sessions(client, model) == before
         round_trips["count"] = 0
         assert client.delete(url).status_code == 204
@@ -184,3 +188,97 @@ async def test_the_commits_of_one_batch_go_in_one_round_trip_each_with_its_own_o
     stored = [int(await store.client.hget(sessions._keys(meta.id)["meta"], "seq")) for meta in metas]
     assert stored == [1, 1, 1, 0, 1, 1, 1, 1]  # the lost race wrote nothing
     await sessions.close()
+
+
+async def test_a_commit_redis_refuses_in_a_batch_fails_alone(store, round_trips):
+    """One commit of a batch that Redis refuses (here its session's meta is no hash: WRONGTYPE) fails with Redis's
+    error and writes nothing; the commits beside it, in the same round trip, apply (each is its own script call)."""
+    import asyncio
+
+    import numpy as np
+    from redis.exceptions import ResponseError
+
+    from service.metrics import ServiceMetrics
+    from service.sessions import Piece, SessionStore
+    from service.settings import Settings
+
+    sessions = SessionStore(store, Settings(), ServiceMetrics(collect_gpu=False))
+    state = {"window": np.random.default_rng().standard_normal((1, 8, 3)).astype(np.float32)}
+    metas = [await sessions.create("m:1", "forecast", "owner", state) for _ in range(4)]
+    warm = await sessions.create("m:1", "forecast", "owner", state)
+    await sessions.commit(warm, Piece(1, "sha", state, {"n": 1}, units_read=8, segments=1), None, True)  # loaded
+    broken = sessions._keys(metas[2].id)["meta"]
+    await store.client.delete(broken)
+    await store.client.set(broken, "not a hash")
+    round_trips["count"] = 0
+    outcomes = await asyncio.gather(*(sessions.commit(meta, Piece(1, "sha", state, {"n": 1}, units_read=8, segments=1),
+                                                      None, touch_indexes=True) for meta in metas),
+                                    return_exceptions=True)
+    assert round_trips["count"] == 1
+    assert isinstance(outcomes[2], ResponseError) and "WRONGTYPE" in str(outcomes[2])
+    assert [outcome.seq for index, outcome in enumerate(outcomes) if index != 2] == [1, 1, 1]
+    assert await store.client.get(broken) == b"not a hash"
+    assert await store.client.get(sessions._keys(metas[2].id)["state"]) is not None  # the create's, untouched
+    await sessions.close()
+
+
+def test_a_finish_from_a_kept_state_another_replica_moved_past_finishes_from_the_session_read(
+        repository, redis_url, key_prefix):
+    """A replica finishes a session it kept from the kept state only if the session is still there: after another
+    replica applied a piece, finished it, or started it again under its id (a KServe v2 sequence's new incarnation,
+    at the same seq), the finish reads the session and answers what a replica keeping nothing answers."""
+    from tests.service_helpers import make_client
+
+    def infer(replica, model, piece, **sequence):
+        body = {"inputs": [{"name": "ROWS", "datatype": "FP32", "shape": [len(piece), len(piece[0])],
+                            "data": [value for row in piece for value in row]}],
+                "parameters": {"sequence_id": 77, **sequence}}
+        answer = replica.post(f"/v2/models/{model}/infer", json=body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["parameters"]["session_id"]
+
+    with make_client(repository[0], redis_url, key_prefix) as a, make_client(repository[0], redis_url,
+                                                                             key_prefix) as b:
+        lookback = next(iter(a.app.state.registry.models.values())).pipeline.lookback
+        pieces = [rows(lookback) for _ in range(3)]  # each enough for a forecast
+
+        def finish(replica, session_id):  # the finish answer: the session after it, and the final result
+            answer = replica.post(f"/sessions/{session_id}/finish")
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            return body.pop("session"), body
+
+        def whole(*chosen):  # the final result of a session of these pieces on one replica
+            session = a.post("/sessions", json={"task": "forecast"}).json()["id"]
+            for seq, piece in enumerate(chosen, start=1):
+                a.post(f"/sessions/{session}/segments", json={"seq": seq, "rows": piece})
+            return finish(a, session)[1]
+
+        # another replica applied a piece after the one this replica kept
+        shared = a.post("/sessions", json={"task": "forecast"}).json()
+        a.post(f"/sessions/{shared['id']}/segments", json={"seq": 1, "rows": pieces[0]})
+        b.post(f"/sessions/{shared['id']}/segments", json={"seq": 2, "rows": pieces[1]})
+        session, result = finish(a, shared["id"])
+        assert session["seq"] == 2 and result == whole(*pieces[:2]) != whole(pieces[0])
+        # another replica finished it at the seq this replica kept: its stored result, answered again
+        shared = a.post("/sessions", json={"task": "forecast"}).json()
+        a.post(f"/sessions/{shared['id']}/segments", json={"seq": 1, "rows": pieces[0]})
+        first = finish(b, shared["id"])[1]
+        flow, replayed = a.app.state.flow, []
+        original = flow.finish
+
+        async def recording(*args, **options):
+            end = await original(*args, **options)
+            replayed.append(end.replayed)
+            return end
+
+        flow.finish = recording
+        session, again = finish(a, shared["id"])
+        del flow.finish
+        assert again == first and session["status"] == "finished" and session["seq"] == 1 and replayed == [True]
+        # started again elsewhere under its id, at the same seq: finished from the new incarnation's state
+        model = shared["model"].split(":")[0]
+        sequence = infer(a, model, pieces[0], sequence_start=True)
+        assert infer(b, model, pieces[2], sequence_start=True) == sequence
+        session, result = finish(a, sequence)
+        assert session["seq"] == 1 and result == whole(pieces[2]) != whole(pieces[0])

@@ -188,13 +188,13 @@ def committed(session_id: str, reply: Any) -> None:
 # ---- finishing -----------------------------------------------------------------------------------------------
 FINISH = """
 -- KEYS: meta, result, state, chunks, and on one server the live and quota indexes; ARGV: seq it was computed at,
--- result, ttl, session id
--- Returns {outcome, meta fields, meta ttl}: 1 finished now, 2 already finished, 0 a piece came in between,
--- -1 session gone. A finished session only answers again what it stored: its state and chunks are dropped, and
--- it leaves the indexes given.
-local current = redis.call('HGET', KEYS[1], 'seq')
-if not current then return {-1} end
-if tonumber(current) ~= tonumber(ARGV[1]) then return {0} end
+-- result, ttl, session id, the incarnation (epoch) it was computed in
+-- Returns {outcome, meta fields, meta ttl}: 1 finished now, 2 already finished, 0 a piece came in between (or the
+-- session was started again), -1 session gone. A finished session only answers again what it stored: its state and
+-- chunks are dropped, and it leaves the indexes given.
+local current = redis.call('HMGET', KEYS[1], 'seq', 'epoch')
+if not current[1] then return {-1} end
+if tonumber(current[1]) ~= tonumber(ARGV[1]) or (current[2] or '') ~= ARGV[5] then return {0} end
 local outcome = 2
 if redis.call('HGET', KEYS[1], 'status') ~= 'finished' then
   redis.call('HSET', KEYS[1], 'status', 'finished', 'state_bytes', 0, 'chunk_bytes', 0)
@@ -208,12 +208,15 @@ return {outcome, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1])}
 """
 
 
-def finished(session_id: str, reply: list[Any]) -> SessionMeta:
-    """FINISH's reply: the session's meta once finished (now or before); :class:`LostRace` when a piece came in
-    between, :class:`SessionNotFound` when the session is gone."""
+def finished(session_id: str, reply: list[Any], only_now: bool = False) -> SessionMeta:
+    """FINISH's reply: the session's meta once finished (now or before; with ``only_now``, before is a
+    :class:`LostRace` too); :class:`LostRace` when a piece came in between, :class:`SessionNotFound` when the session
+    is gone."""
     outcome = int(reply[0])
     if outcome == 0:
         raise LostRace(f"a piece of session {session_id} arrived while it was finishing")
+    if outcome == 2 and only_now:
+        raise LostRace(f"session {session_id} was finished by another request")
     if outcome == -1:
         raise SessionNotFound(f"session {session_id} expired while finishing")
     return SessionMeta.from_hash(session_id, reply[1], int(reply[2]))

@@ -295,18 +295,19 @@ class SessionStore:
         return meta.after_piece(piece.seq, piece.sha, piece.units_read, piece.segments, len(state_blob),
                                 len(chunk_blob) if chunk_blob is not None else 0, float(ttl))
 
-    async def finish(self, meta: SessionMeta, result: Mapping[str, Any]) -> SessionMeta:
-        """Mark the session finished with its final result (dropping its state), then take it out of the live
-        index and its quota: a finished session no longer counts against its key. Its meta after it; raises
-        :class:`LostRace` (a piece came in between) or :class:`SessionNotFound`."""
+    async def finish(self, meta: SessionMeta, result: Mapping[str, Any], only_now: bool = False) -> SessionMeta:
+        """Mark the session finished with its final result (dropping its state) if it is still at ``meta.seq`` in
+        ``meta.epoch``, then take it out of the live index and its quota: a finished session no longer counts against
+        its key. Its meta after it; raises :class:`LostRace` (a piece came in between; with ``only_now``, also when
+        it was finished already) or :class:`SessionNotFound`."""
         keys = self._keys(meta.id)
         indexes = [self._live_key(meta.model, meta.id), self._owner_key(meta.quota)]
         script_keys = [keys["meta"], keys["result"], keys["state"], keys["chunks"]]
-        args = [meta.seq, result_json.dumps(result), self.ttl(meta.deadline), meta.id]
+        args = [meta.seq, result_json.dumps(result), self.ttl(meta.deadline), meta.id, meta.epoch]
         async with self.store.operation(self.metrics.time_redis("finish")):
             reply = await self._evalsha(scripts.FINISH, script_keys + indexes if self.one_node else script_keys,
                                         args)
-            after = scripts.finished(meta.id, reply)
+            after = scripts.finished(meta.id, reply, only_now)
             if not self.one_node:  # the indexes live in other slots: once it finished
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.zrem(indexes[0], meta.id).zrem(indexes[1], meta.id)
