@@ -307,7 +307,8 @@ class InferStream:
                 answer = await self.servicer.answer(message, call, self.owner)
             finally:
                 shutdown.stream_pieces -= 1
-            response = service_pb2.ModelStreamInferResponse(infer_response=protobuf.infer_response(answer))
+            response = service_pb2.ModelStreamInferResponse()
+            protobuf.infer_response(answer, response.infer_response)
             status = 200
         except Exception as error:
             status, detail = status_of(error, call)

@@ -104,10 +104,12 @@ def _typed(item: Any, shape: tuple[int, ...]) -> np.ndarray | list[bytes]:
     return np.asarray(values, dtype=NUMPY[item.datatype]).reshape(shape)
 
 
-def infer_response(answer: InferAnswer) -> Any:
-    """The ``ModelInferResponse`` of an answer: every output's data raw."""
-    response = service_pb2.ModelInferResponse(model_name=answer.model_name, model_version=answer.model_version,
-                                              id=answer.id)
+def infer_response(answer: InferAnswer, response: Any = None) -> Any:
+    """The ``ModelInferResponse`` of an answer, every output's data raw; written into ``response`` when given (a
+    stream response's own, which a message passed to its constructor would be copied into)."""
+    if response is None:
+        response = service_pb2.ModelInferResponse()
+    response.model_name, response.model_version, response.id = answer.model_name, answer.model_version, answer.id
     set_parameters(response.parameters, answer.parameters)
     for tensor in answer.outputs:
         response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)

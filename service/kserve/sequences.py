@@ -26,6 +26,7 @@ every replica loses nothing acknowledged):
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,7 @@ class SequenceControl:
         return cls(sequence_id, bool(start), bool(end), seq)
 
 
+@functools.lru_cache(maxsize=65536)  # a sequence's every piece asks
 def session_id_of(owner: str, model: str, sequence_id: int | str) -> str:
     """The session of a sequence: ``v2`` and 32 URL-safe characters of sha256(owner, model name, the id and its
     type), the same on every replica."""
