@@ -63,9 +63,9 @@ class FakeDevice:
 async def engine_main(socket_path: Path, device_ms: float, max_batch: int, log: Path) -> None:
     import signal
 
+    from loadtest.fake_engine import FakeRegistry
     from service.runtime.batcher import DynamicBatcher
     from service.runtime.engine import Engine
-    from tests.fake_engine import FakeRegistry
 
     # an accelerator's step: about the same time at any batch size (the batcher's flat-step rule, as on CUDA)
     batcher = DynamicBatcher(FakeDevice(device_ms / 1000, log), MODEL, GRAPH, max_batch, 0.005, flat_step=True)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from loadtest.fake_engine import FakeRegistry
 from models.serving.servable import build_servable
 from service.runtime.backends import TorchBackend
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.device_states import STATE_HANDLE, DeviceStates
 from service.runtime.engine import Engine
 from service.runtime.engine_client import EngineClient, RemoteGraph
-from tests.fake_engine import FakeRegistry
 from tests.test_precision import FAMILIES
 
 

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from loadtest.fake_engine import FakeRegistry
 from service.runtime.batcher import DynamicBatcher
 from service.runtime.engine import Engine
 from service.runtime.engine_client import EngineClient, RemoteGraph
 from service.runtime.engine_wire import EngineUnavailable
-from tests.fake_engine import FakeRegistry
 
 
 class Doubling:
