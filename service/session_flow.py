@@ -276,8 +276,8 @@ class SessionFlow:
             try:
                 return await self._finish(kept.meta, kept.state, kept.last_result(), [], stream, options,
                                           from_kept=True)
-            except LostRace:  # not the session's current state: read it and finish from there
-                self.cache.drop(session_id)
+            except LostRace:  # not the session's current state (its kept entry is dropped): read it, finish from there
+                pass
         meta, state, last_result, chunks = await self.sessions.snapshot(session_id, owner, with_chunks=True)
         return await self._finish(meta, state, last_result, chunks, stream, options)
 

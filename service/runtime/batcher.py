@@ -119,7 +119,11 @@ class DynamicBatcher(GraphRunner):
     def _company_came(self) -> bool:
         """Whether the policy runs the queued calls now: asked at each arrival while the worker waits for company,
         so that only the arrival that completes the batch wakes it."""
-        return self.policy.run_at(self._queue, self._expected(), self.max_batch_size) <= time.perf_counter()
+        return self._due_at() <= time.perf_counter()
+
+    def _due_at(self) -> float:
+        """When the policy runs the queued calls (``time.perf_counter()`` time), given the company it expects."""
+        return self.policy.run_at(self._queue, self._expected(), self.max_batch_size)
 
     async def _run_forever(self) -> None:
         """The worker: one batch per turn of the loop.
@@ -156,8 +160,7 @@ class DynamicBatcher(GraphRunner):
 
     async def _wait_until_ready(self) -> None:
         loop = asyncio.get_running_loop()
-        while (remaining := self.policy.run_at(self._queue, self._expected(), self.max_batch_size)
-               - time.perf_counter()) > 0:
+        while (remaining := self._due_at() - time.perf_counter()) > 0:
             self._wakeup.clear()
             # a timer that sets the event, not asyncio.wait_for: no task and no timeout scope per wait
             timer = loop.call_later(remaining, self._wakeup.set)
