@@ -91,14 +91,17 @@ def write_input_data(path: Path, name: str, rows: int, width: int, steps: int = 
 
 def run(analyzer: PerfAnalyzer, model: str, url: str, protocol: str, data: Path, concurrency: int,
         sequence_length: int, measurement_ms: int = 2000, streaming: bool = True, timeout: float = 180,
-        extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One perf_analyzer run in sequence mode: its figures (pieces/s, latencies in µs) and its own CPU seconds."""
+        extra: tuple[str, ...] = (), stability_percentage: int = 20) -> dict[str, Any]:
+    """One perf_analyzer run in sequence mode: its figures (pieces/s, latencies in µs) and its own CPU seconds.
+    ``stability_percentage``: how far apart (in %) its last three windows' figures may be for a measurement to count;
+    a test that perf_analyzer runs (not what it measures) allows much, on a machine whose other work comes and goes."""
     with tempfile.TemporaryDirectory(prefix="rtserve-perf-analyzer-") as folder:
         report = Path(folder) / "report.csv"
         command = [str(analyzer.binary), "-m", model, "-i", protocol, "-u", url, "--input-data", str(data),
                    "--concurrency-range", str(concurrency), "--sequence-length", str(sequence_length),
                    "--sequence-length-variation", "0", "--sequence-id-range", "1:1000000000",
-                   "--measurement-interval", str(measurement_ms), "--max-trials", "5", "--stability-percentage", "20",
+                   "--measurement-interval", str(measurement_ms), "--max-trials", "5",
+                   "--stability-percentage", str(stability_percentage),
                    "-f", str(report), *(["--streaming"] if streaming else []), *extra]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         done = subprocess.run(command, env=analyzer.env, capture_output=True, text=True, timeout=timeout)

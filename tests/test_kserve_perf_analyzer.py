@@ -58,7 +58,7 @@ def test_perf_analyzer_runs_sequences_against_rtserve_over_grpc_and_http(analyze
         for protocol, url in (("grpc", f"127.0.0.1:{grpc_port}"), ("http", f"127.0.0.1:{port}")):
             before = inference_count(base, "rsa-tiny")
             figures = run(analyzer, "rsa-tiny", url, protocol, data, concurrency=2, sequence_length=4,
-                          measurement_ms=800, streaming=protocol == "grpc", timeout=120)
+                          measurement_ms=800, streaming=protocol == "grpc", timeout=120, stability_percentage=300)
             assert figures["pieces_per_second"] > 0, figures["output"]
             assert inference_count(base, "rsa-tiny") > before
             assert "Failed" not in figures["output"] and "error" not in figures["output"].lower(), figures["output"]
@@ -109,7 +109,7 @@ def test_grpc_floor_answers_every_streamed_request_with_the_answer_captured_from
 
         data = write_input_data(tmp_path / "rows.json", "ROWS", rows=6, width=7, steps=4)
         figures = run(analyzer, "rsa-tiny", target, "grpc", data, concurrency=2, sequence_length=4,
-                      measurement_ms=800, timeout=120)
+                      measurement_ms=800, timeout=120, stability_percentage=300)
         assert figures["pieces_per_second"] > 0 and grpc_inference_count(target, "rsa-tiny") > 3, figures["output"]
     finally:
         floor.stop()
