@@ -32,7 +32,6 @@ as an HTTP piece does.)
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -88,24 +87,26 @@ class Call:
                                       "route": SimpleNamespace(path=self.route), "state": {},
                                       "headers": [(key.encode(), value.encode()) for key, value in metadata]}
         self.request_id = take_request_id(self.scope)
-        self.peer = context.peer() or ""
+        self.host = host_of(context.peer() or "")  # for the quota without API keys
 
     def request(self) -> Call:
         """The scope of one request of this call's stream: the same metadata and request id, its own model."""
-        one = copy.copy(self)
+        one = Call.__new__(Call)
+        one.headers, one.route, one.request_id, one.host = self.headers, self.route, self.request_id, self.host
         one.scope = {**self.scope, "state": {"request_id": self.request_id}}
         return one
 
     def note_model(self, ref: str) -> None:
         self.scope["state"]["model"] = ref
 
-    @property
-    def host(self) -> str | None:
-        """The peer's address (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``), for the quota without API keys."""
-        kind, _, address = self.peer.partition(":")
-        if kind not in ("ipv4", "ipv6"):
-            return None
-        return address.rsplit(":", 1)[0].strip("[]")
+
+def host_of(peer: str) -> str | None:
+    """The address of a gRPC peer (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``); None for another kind (a Unix
+    socket)."""
+    kind, _, address = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return None
+    return address.rsplit(":", 1)[0].strip("[]")
 
 
 def status_of(error: Exception, call: Call) -> tuple[int, str]:
@@ -206,16 +207,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # ---- inference -----------------------------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
         async def infer(call: Call) -> Any:
-            return protobuf.infer_response(await self.answer(request, call, call.scope["owner"]))
+            owner = call.scope["owner"]
+            return protobuf.infer_response(await self.answer(request, call, owner,
+                                                             quota_of(self.settings, owner, call.host)))
 
         return await self._unary("ModelInfer", context, infer)
 
-    async def answer(self, message: Any, call: Call, owner: str) -> Any:
+    async def answer(self, message: Any, call: Call, owner: str, quota: str) -> Any:
         model = self.inference.model(message.model_name, message.model_version)  # an unknown model first (404)
         call.note_model(model.ref)
-        decoded = protobuf.read_request(message)
-        quota = quota_of(self.settings, owner, call.host)
-        return await self.inference.infer(model, decoded, owner, quota)
+        return await self.inference.infer(model, protobuf.read_request(message), owner, quota)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> None:  # noqa: N802
         call = Call(context, "ModelStreamInfer")
@@ -244,6 +245,7 @@ class InferStream:
 
     def __init__(self, servicer: InferenceServicer, context: Any, call: Call, owner: str) -> None:
         self.servicer, self.context, self.call, self.owner = servicer, context, call, owner
+        self.quota = quota_of(servicer.settings, owner, call.host)
         self.closing = asyncio.Event()  # the replica is shutting down: read no more, answer what is in flight
         self._chains: dict[tuple[str, str, Any], asyncio.Task[None]] = {}  # a sequence's last piece
         self._tasks: set[asyncio.Task[None]] = set()
@@ -280,10 +282,9 @@ class InferStream:
 
     def _dispatch(self, message: Any) -> None:
         parameters = message.parameters
-        sequence = parameters["sequence_id"] if "sequence_id" in parameters else None
         key = None
-        if sequence is not None:
-            value = protobuf.parameters_of({"sequence_id": sequence})["sequence_id"]
+        if "sequence_id" in parameters:
+            value = protobuf.parameter_value(parameters["sequence_id"])
             if value not in (0, "", None):
                 key = (message.model_name, message.model_version, value)
         previous = self._chains.get(key) if key is not None else None
@@ -295,7 +296,7 @@ class InferStream:
             task.add_done_callback(lambda done, key=key: self._chains.get(key) is done and self._chains.pop(key))
 
     async def _answer(self, message: Any, previous: asyncio.Task[None] | None) -> None:
-        if previous is not None:  # the sequence's earlier piece first (whatever its outcome)
+        if previous is not None and not previous.done():  # the sequence's earlier piece first (whatever its outcome)
             await asyncio.wait((previous,))
         started = time.perf_counter()
         call = self.call.request()
@@ -304,7 +305,7 @@ class InferStream:
         try:
             shutdown.stream_pieces += 1  # a request in flight, for the batcher's lone-request rule
             try:
-                answer = await self.servicer.answer(message, call, self.owner)
+                answer = await self.servicer.answer(message, call, self.owner, self.quota)
             finally:
                 shutdown.stream_pieces -= 1
             response = service_pb2.ModelStreamInferResponse()

@@ -38,11 +38,13 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
 
 def parameters_of(parameters: Any) -> dict[str, Any]:
     """A protobuf parameter map (``InferParameter``: one of bool, int64, uint64, double, string) as plain values."""
-    plain = {}
-    for key, value in parameters.items():
-        kind = value.WhichOneof("parameter_choice")
-        plain[key] = getattr(value, kind) if kind is not None else None
-    return plain
+    return {key: parameter_value(value) for key, value in parameters.items()}
+
+
+def parameter_value(parameter: Any) -> Any:
+    """One ``InferParameter``'s value (None when none of its kinds is set)."""
+    kind = parameter.WhichOneof("parameter_choice")
+    return getattr(parameter, kind) if kind is not None else None
 
 
 def set_parameters(target: Any, parameters: dict[str, Any]) -> None:
