@@ -82,8 +82,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--cpu-threads", type=int, default=None, metavar="N",
                         help="intra-op threads written into the manifest for CPU runs of every graph but a decode "
                         "graph (0: ONNX Runtime's pool of every core); default: timed on this machine, one thread "
-                        "for a light graph. Set it when exporting on a machine other than the serving one, or a "
-                        "busy one. RTSERVE_INTRA_OP_THREADS overrides it when serving")
+                        "for a light graph, and a heavy graph's largest CPU batch where its rows cost more past "
+                        "it. Set it when exporting on a machine other than the serving one, or a busy one (then "
+                        "no batch is capped). RTSERVE_INTRA_OP_THREADS and RTSERVE_MODEL_MAX_BATCH_SIZES override "
+                        "them when serving")
     args = parser.parse_args(list(argv))
     if args.cpu_threads is not None and args.cpu_threads < 0:
         parser.error("--cpu-threads is 0 (the pool) or more")

@@ -168,6 +168,65 @@ def light_graph_threads(path: Path, graph: Graph) -> int:
     return 1 if one < POOL_SPEEDUP * pool else 0
 
 
+BATCH_SIZES = (8, 16, 32)  # the batch sizes a heavy graph is timed at (32: the service's largest CPU batch)
+BATCH_COST_MARGIN = 1.1  # a batch is worth its rows while each costs at most this much more than at the cheapest
+
+
+def cpu_ms_per_row(path: Path, graph: Graph, threads: int, sizes: tuple[int, ...] = BATCH_SIZES,
+                   runs: int = 5) -> dict[int, float]:
+    """CPU milliseconds per row of the written graph at each batch size in ``sizes``, on ``threads`` intra-op
+    threads (0: ONNX Runtime's pool), not spinning: the process's CPU time (the pool's threads included), median of
+    ``runs`` calls at each size, the sizes taking turns so that the machine's drift falls on all alike. The inputs
+    are shaped as served (``served_inputs``, else the sample)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    make = graph.served_inputs or graph.sample_inputs
+    feeds = {}
+    for size in sizes:
+        sample = make(size, torch.Generator().manual_seed(0))
+        inputs = {spec.name: tensor.numpy() for spec, tensor in zip(graph.inputs, sample, strict=True)}
+        feeds[size] = {node.name: inputs[node.name] for node in session.get_inputs()}
+        session.run(None, feeds[size])  # warm-up
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(runs):
+        for size in sizes:
+            started = time.process_time()
+            session.run(None, feeds[size])
+            times[size].append(time.process_time() - started)
+    return {size: 1000 * statistics.median(spent) / size for size, spent in times.items()}
+
+
+def batch_cap(ms_per_row: dict[int, float]) -> int | None:
+    """The largest batch size whose row costs at most :data:`BATCH_COST_MARGIN` times the cheapest row's; None when
+    that is the largest size timed (no cap)."""
+    cheapest = min(ms_per_row.values())
+    largest = max(size for size, ms in ms_per_row.items() if ms <= BATCH_COST_MARGIN * cheapest)
+    return None if largest == max(ms_per_row) else largest
+
+
+def cpu_batch_cap(path: Path, graph: Graph, threads: int) -> tuple[int | None, dict[int, float] | None]:
+    """The largest batch the written graph should run on a CPU (None: the service's default), and its cost per row
+    by batch size (None: not timed).
+
+    Only a heavy graph is timed (not light: ``threads`` 0), with inputs shaped as served, and never a decode graph or
+    one served far larger than sampled. Its batches are capped where rows cost more past it: a step whose
+    intermediate tensors outgrow the CPU's caches at large batches (an RMT segment on a 2-core AMD EPYC: 55-59 ms of
+    CPU a row at 8-16 rows, 67 at 32; on another 2-core machine flat to 16 and 5-7 % more at 32, not capped). A
+    light graph's batch is not capped: around its step, each batch costs the service a round trip to Redis and a
+    hand-off, which a larger batch shares.
+
+    Timed here, on the exporting machine (:func:`cpu_ms_per_row`), as the threads are: what to use when the
+    exporting machine is the serving one and idle; RTSERVE_MODEL_MAX_BATCH_SIZES overrides it."""
+    if graph.axis_masks or not graph.sized_like_served or threads == 1:
+        return None, None
+    costs = cpu_ms_per_row(path, graph, threads)
+    return batch_cap(costs), costs
+
+
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """A safetensors file created as every other file of an entry is (mode 0666 less the umask): the library's own
     writer makes it 0600, which leaves it unreadable to a service run by another user."""
@@ -184,8 +243,9 @@ def export_servable(
     cpu_threads: int | None = None,
 ) -> Path:
     """Write the repository entry of ``servable``; returns its folder. ``cpu_threads``: the intra-op threads
-    written for every graph but a decode graph (0: ONNX Runtime's pool); None: timed here
-    (:func:`light_graph_threads`), which is what to use when the exporting machine is the serving one and idle."""
+    written for every graph but a decode graph (0: ONNX Runtime's pool), and no CPU batch cap; None: both timed here
+    (:func:`light_graph_threads`, :func:`cpu_batch_cap`), which is what to use when the exporting machine is the
+    serving one and idle."""
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ValueError(f"unknown export formats {sorted(unknown)}; choose from {FORMATS}")
@@ -206,6 +266,8 @@ def export_servable(
     for graph in servable.graphs:
         files = graph_files(graph.name)
         written, threads = {}, 0
+        cap: int | None = None
+        costs: dict[int, float] | None = None
         if "onnx" in formats:
             export_onnx(graph, entry / files["onnx"], fp16=fp16)
             _check_onnxruntime_loads(entry / files["onnx"])
@@ -216,6 +278,7 @@ def export_servable(
                 threads = cpu_threads
             else:
                 threads = light_graph_threads(entry / files["onnx"], graph)
+                cap, costs = cpu_batch_cap(entry / files["onnx"], graph, threads)
         if "torchscript" in formats:
             export_torchscript(graph, entry / files["torchscript"])
             written["torchscript"] = files["torchscript"]
@@ -230,6 +293,9 @@ def export_servable(
                 "axis_masks": graph.axis_masks,
                 "onnx_exporter": graph.onnx_exporter if "onnx" in written else None,
                 "intra_op_threads": threads,  # on a CPU, unless RTSERVE_INTRA_OP_THREADS says otherwise
+                # on a CPU, unless RTSERVE_MODEL_MAX_BATCH_SIZES says otherwise; and what it was chosen from
+                "cpu_max_batch_size": cap,
+                "cpu_ms_per_row": None if costs is None else {str(size): round(ms, 3) for size, ms in costs.items()},
             }
         )
     assets = {}

@@ -101,7 +101,8 @@ class Settings(BaseSettings):
     max_batch_size_cuda: int = Field(
         256, ge=1, description="Largest batch per model graph on a CUDA device (a GPU wants far larger batches)."
     )
-    model_max_batch_sizes: dict[str, int] = per_model("Largest batch", ("srformer-news", 64), "both defaults")
+    model_max_batch_sizes: dict[str, int] = per_model("Largest batch", ("srformer-news", 64),
+                                                      "both defaults and a graph's CPU cap from its export")
     max_queue_delay_ms: float = Field(
         5.0, ge=0, description="Longest wait for company the last batch promised (fewer rows queued than it had): "
         "a request that finds the worker free waits up to this long after a batch of more than one row.",

@@ -187,3 +187,49 @@ def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(foreca
     # `rtserve export --cpu-threads N` writes N instead of timing (an export on another or a busy machine)
     written = exporter.export_checkpoint(forecaster_entry[0], tmp_path, formats=("onnx",), cpu_threads=3)
     assert json.loads((written / "manifest.json").read_text())["graphs"][0]["intra_op_threads"] == 3
+
+
+def test_a_heavy_graph_s_cpu_batches_stop_where_its_rows_cost_more(tiny_models, monkeypatch, tmp_path):
+    """The export times a heavy graph's CPU per row at batches of 8, 16 and 32 (inputs shaped as served) and caps its
+    CPU batch at the largest size whose row costs at most a tenth more than the cheapest; loaded on a CPU its batcher
+    stops there, unless the model's RTSERVE_MODEL_MAX_BATCH_SIZES entry says otherwise."""
+    from export import exporter
+    from service.runtime.registry import load_model
+    from service.settings import Settings
+
+    assert exporter.batch_cap({8: 56.0, 16: 58.9, 32: 66.7}) == 16  # a row at 32 costs 19 % more than at 8
+    assert exporter.batch_cap({8: 19.5, 16: 19.2, 32: 20.4}) is None  # within a tenth at 32: no cap
+    assert exporter.batch_cap({8: 1.0, 16: 1.2, 32: 1.3}) == 8
+    assert exporter.batch_cap({8: 2.0, 16: 1.0, 32: 1.05}) is None  # larger batches cheaper per row
+
+    checkpoint = tiny_models.checkpoint("rmt-tiny")
+    graph = build_servable(checkpoint).graphs[0]
+    path = tiny_models.entry("rmt-tiny") / "step.onnx"
+    costs = exporter.cpu_ms_per_row(path, graph, 0, sizes=(1, 2), runs=1)  # timed for real, on full segments
+    assert set(costs) == {1, 2} and all(ms > 0 for ms in costs.values())
+    assert graph.served_inputs(2, torch.Generator())[1].shape[1] == build_servable(checkpoint).settings["segment_size"]
+    assert exporter.cpu_batch_cap(path, graph, 1) == (None, None)  # a light graph is not timed
+
+    seen = []
+
+    def timed(_path, timed_graph, threads):
+        seen.append((timed_graph.name, threads))
+        return {8: 56.0, 16: 58.9, 32: 66.7}
+
+    monkeypatch.setattr(exporter, "cpu_ms_per_row", timed)
+    monkeypatch.setattr(exporter, "light_graph_threads", lambda _path, _graph: 0)
+    entry = exporter.export_checkpoint(checkpoint, tmp_path / "timed", formats=("onnx",))
+    step = json.loads((entry / "manifest.json").read_text())["graphs"][0]
+    assert seen == [("step", 0)] and step["cpu_max_batch_size"] == 16
+    assert step["cpu_ms_per_row"] == {"8": 56.0, "16": 58.9, "32": 66.7}
+    entry_given = exporter.export_checkpoint(checkpoint, tmp_path / "given", formats=("onnx",), cpu_threads=0)
+    assert json.loads((entry_given / "manifest.json").read_text())["graphs"][0]["cpu_max_batch_size"] is None
+    assert len(seen) == 1  # `--cpu-threads N` times nothing
+
+    def largest(settings):
+        model = load_model(entry, "onnx", settings)
+        return model.batchers["step"].max_batch_size, model.max_batch_size
+
+    assert largest(Settings(device="cpu")) == (16, 16)
+    assert largest(Settings(device="cpu", max_batch_size=8)) == (8, 8)  # the smaller of the two
+    assert largest(Settings(device="cpu", model_max_batch_sizes={"rmt-tiny": 32})) == (32, 32)  # the model's own

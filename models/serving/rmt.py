@@ -56,6 +56,12 @@ def rmt_servable(checkpoint: Checkpoint) -> Servable:
         mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
         return memory, ids * mask, mask
 
+    def full_segments(batch: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        """A batch of whole segments (s tokens each), as a long document's pieces are served."""
+        memory = torch.randn(batch, m, d, generator=generator)
+        ids = torch.randint(1000, vocab, (batch, s), generator=generator)
+        return memory, ids, torch.ones(batch, s, dtype=torch.long)
+
     memory_spec = TensorSpec("memory", "float32", ("batch", m, d))
     graph = Graph(
         name="step",
@@ -66,6 +72,7 @@ def rmt_servable(checkpoint: Checkpoint) -> Servable:
                  TensorSpec("logits", "float32", ("batch", labels))],
         sample_inputs=sample_inputs,
         state_outputs={"memory": "next_memory"},
+        served_inputs=full_segments,
     )
     # Served, the classifier reads every segment of any document: its memory is bounded state, and on the
     # test split reading all segments scores at least what the training length (config.max_segments) does

@@ -41,6 +41,9 @@ class Graph:
     # to choose its CPU threads (export/exporter.py light_graph_threads); False where a symbolic axis is served
     # far longer than sampled
     sized_like_served: bool = True
+    # inputs of b rows shaped as a typical served call's (a full segment, where the sample's length is random), for
+    # the export's timing of cost per row by batch size (export/exporter.py cpu_batch_cap); None: the sample inputs
+    served_inputs: Callable[[int, torch.Generator], tuple[torch.Tensor, ...]] | None = None
 
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
         """Symbolic axes of every input and output, as ``torch.onnx.export`` wants them."""

@@ -145,6 +145,7 @@ def load_model(
     precision = next(iter(backends.values())).precision  # an entry exported in fp16 runs in fp16
     policy = ContinuousBatching(settings.max_queue_delay_ms / 1000)
     runners: dict[str, DynamicBatcher | DecodeLoop] = {}
+    pinned = name in settings.model_max_batch_sizes
     for graph in manifest["graphs"]:
         runner, ref = backends[graph["name"]], f"{name}:{version}"
         if is_decode_graph(graph):  # autoregressive: searches of many documents share every step
@@ -152,9 +153,10 @@ def load_model(
         else:
             # a light graph (its export's measure, on a CPU): a lone request's call may run on the event loop
             runners[graph["name"]] = DynamicBatcher(
-                runner, ref, graph["name"], max_batch_size, policy.max_queue_delay, metrics, policy,
-                alone if is_light_graph(graph, backend, device) else None,
+                runner, ref, graph["name"], graph_batch_size(graph, max_batch_size, backend, device, pinned),
+                policy.max_queue_delay, metrics, policy, alone if is_light_graph(graph, backend, device) else None,
             )
+    max_batch_size = max(runner.max_batch_size for runner in runners.values())  # what the model's batches reach
     pipeline_class = record.part("pipeline")
     text_options = {"over_limit": settings.over_limit} if pipeline_class.input_kind == "text" else {}
     pipeline = pipeline_class(manifest, entry, runners, **text_options)
@@ -182,6 +184,16 @@ def front_end_model(entry: Path, manifest: dict[str, Any], record: Family, setti
     name, version = ref.split(":", 1)
     return LoadedModel(name, version, entry, manifest, described["backend"], list(described["providers"]), runners,
                        pipeline, record, described["device"], described["precision"], batch, metrics)
+
+
+def graph_batch_size(graph: Mapping[str, Any], max_batch_size: int, backend: str, device: str, pinned: bool) -> int:
+    """The largest batch of one graph: the model's, capped on a CPU where its export measured a row costing more in
+    larger batches (``cpu_max_batch_size``, export/exporter.py ``cpu_batch_cap``), unless the model's own
+    RTSERVE_MODEL_MAX_BATCH_SIZES entry (``pinned``) says how large."""
+    cap = graph.get("cpu_max_batch_size")
+    if pinned or cap is None or backend != "onnx" or device != "cpu":
+        return max_batch_size
+    return min(max_batch_size, int(cap))
 
 
 def is_light_graph(graph: Mapping[str, Any], backend: str, device: str) -> bool:
