@@ -1,0 +1,114 @@
+"""Two largest CPU batches of one model side by side: the service's CPU per piece and pieces/s under each.
+
+    .venv/bin/python benchmarks/batch_cap.py [--model rmt-hyperpartisan] [--caps 16,32] [--sessions 32] [--repeats 6]
+
+Why: the export caps a heavy graph's CPU batch where a row costs more past it (export/exporter.py ``cpu_batch_cap``),
+from the graph timed alone. This shows what the cap is worth to the service: a piece's CPU includes the hand-offs,
+the commits and the waits that the graph alone does not see.
+
+Method: one service per cap (``RTSERVE_MODEL_MAX_BATCH_SIZES`` for the model), both started at once on one embedded
+Redis, each under its own key prefix, so that the alternation needs no restart; the idle one costs next to nothing.
+The bench's closed-loop client (:mod:`loadtest.closed_loop`, 2 processes) sends ``--sessions`` RMT sessions of
+``--pieces`` one-segment pieces (the bench's inputs: Hyperpartisan articles cut into whole segments) over each
+session's stream to one service, then to the other, ``--repeats`` times, the order swapped every repeat. Server CPU:
+each service's process tree (its graph's threads included), per piece answered. Printed: every run, each cap's
+medians, and the median of the per-repeat ratios of the first cap's CPU per piece to the second's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    from loadtest import bench_inputs as inputs
+    from loadtest.closed_loop import ClientPool, Target
+    from loadtest.harness import Client, Server, free_port, server_environment, tree_cpu_seconds
+    from service.embedded_redis import EmbeddedRedis
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--model", default="rmt-hyperpartisan")
+    parser.add_argument("--caps", default="16,32", help="two largest batches, comma-separated")
+    parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--pieces", type=int, default=8, help="one-segment pieces per session")
+    parser.add_argument("--repeats", type=int, default=6)
+    options = parser.parse_args()
+    caps = [int(cap) for cap in options.caps.split(",")]
+    if len(caps) != 2:
+        raise SystemExit("--caps takes two batch sizes")
+    entry = next((options.model_repository / options.model).glob("*/manifest.json")).parent
+    manifest = json.loads((entry / "manifest.json").read_text())
+    if manifest["task"] != "classify":
+        raise SystemExit(f"{options.model} is not a classifier: this measures one-segment text pieces")
+    ref = f"{manifest['name']}:{manifest['version']}"
+    sessions = inputs.classify_sessions(entry, manifest, inputs.hyperpartisan_texts(options.data), options.sessions,
+                                        options.pieces)
+    bodies = [session.pieces for session in sessions]
+    logs = Path(tempfile.mkdtemp(prefix="rtserve-batch-cap-"))
+    figures: dict[int, list[tuple[float, float]]] = {cap: [] for cap in caps}
+    with EmbeddedRedis() as redis:
+        servers = {}
+        for cap in caps:
+            port = free_port()
+            environment = server_environment(options.model_repository, port, redis.url) | {
+                "RTSERVE_MODEL_MAX_BATCH_SIZES": json.dumps({manifest["name"]: cap}),
+                "RTSERVE_REDIS_KEY_PREFIX": f"batch-cap-{cap}"}
+            servers[cap] = Server([sys.executable, "-m", "rtserve.cli", "serve", "--host", "127.0.0.1", "--port",
+                                   str(port)], environment, port, logs / f"cap-{cap}.log")
+        pool = None
+        try:
+            async def ready() -> None:
+                for server in servers.values():
+                    client = Client(server.url, None, 2, 2.0)
+                    await server.wait_ready(client, 900)
+                    await client.close()
+
+            asyncio.run(ready())
+            pool = ClientPool(2)
+
+            def run(cap: int, chosen: list[list[bytes]]) -> tuple[float, float]:
+                process = psutil.Process(servers[cap].process.pid)
+                done = pool.run(Target("rtserve-ws", servers[cap].url, ref), chosen,
+                                lambda: tree_cpu_seconds(process), False, len(chosen))
+                if done.errors:
+                    raise SystemExit(f"cap {cap}: {done.errors[:3]}")
+                return 1000 * done.server_cpu_seconds / done.pieces, done.pieces / done.wall_seconds
+
+            for cap in caps:  # warm-up, untimed
+                run(cap, bodies[:2])
+            for repeat in range(options.repeats):
+                for cap in caps if repeat % 2 == 0 else caps[::-1]:
+                    time.sleep(1)
+                    figures[cap].append(run(cap, bodies))
+                    ms, rate = figures[cap][-1]
+                    print(f"repeat {repeat + 1}, cap {cap}: {ms:.1f} ms of server CPU per piece, {rate:.1f} pieces/s",
+                          flush=True)
+        finally:
+            if pool is not None:
+                pool.close()
+            for server in servers.values():
+                server.stop()
+    for cap in caps:
+        print(f"cap {cap}: median {statistics.median(ms for ms, _ in figures[cap]):.1f} ms per piece, "
+              f"{statistics.median(rate for _, rate in figures[cap]):.1f} pieces/s")
+    ratios = [first[0] / second[0] for first, second in zip(figures[caps[0]], figures[caps[1]], strict=True)]
+    print(f"{options.model}, {options.sessions} sessions over streams: CPU per piece, cap {caps[0]} / cap {caps[1]}, "
+          f"per repeat {[round(ratio, 3) for ratio in ratios]}, median {statistics.median(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()
