@@ -6,7 +6,7 @@ An entry holds, for every graph of the servable:
   with full graph optimization) and/or ``<graph>.ts`` (TorchScript, traced);
 - ``manifest.json``: task, family, version, source checkpoint hash, serving
   settings, every graph's input/output names, dtypes, shapes and dynamic
-  axes, and the state spec;
+  axes, its CPU threads and largest CPU batch (timed here), and the state spec;
 - ``initial_state.safetensors``: ``init_state(1)`` (learned initial memory, zeros, ...);
 - ``assets/`` (tokenizer, ...), and ``checkpoint/`` (the source checkpoint,
   so the eager backend can rebuild the model without the training data).
@@ -214,10 +214,10 @@ def cpu_batch_cap(path: Path, graph: Graph, threads: int) -> tuple[int | None, d
 
     Only a heavy graph is timed (not light: ``threads`` 0), with inputs shaped as served, and never a decode graph or
     one served far larger than sampled. Its batches are capped where rows cost more past it: a step whose
-    intermediate tensors outgrow the CPU's caches at large batches (an RMT segment on a 2-core AMD EPYC: 55-59 ms of
-    CPU a row at 8-16 rows, 67 at 32; on another 2-core machine flat to 16 and 5-7 % more at 32, not capped). A
-    light graph's batch is not capped: around its step, each batch costs the service a round trip to Redis and a
-    hand-off, which a larger batch shares.
+    intermediate tensors outgrow the CPU's caches at large batches (an RMT segment on a 2-core AMD EPYC: 55.0 and
+    57.9 ms of CPU a row at 8 and 16 rows, 69.4 at 32, capped at 16; on another 2-core machine flat to 16 and 5-7 %
+    more at 32, not capped). A light graph's batch is not capped: around its step, each batch costs the service a
+    round trip to Redis and a hand-off, which a larger batch shares.
 
     Timed here, on the exporting machine (:func:`cpu_ms_per_row`), as the threads are: what to use when the
     exporting machine is the serving one and idle; RTSERVE_MODEL_MAX_BATCH_SIZES overrides it."""
