@@ -120,17 +120,8 @@ def thread_milliseconds(path: Path, graph: Graph, rows: int, runs: int,
     ``threads`` intra-op thread counts (default: one thread, then ONNX Runtime's default pool on every core),
     none spinning, after a warm-up run each. The sessions take turns run by run, so that the machine's drift
     falls on all alike."""
-    import onnxruntime as ort
-
-    sample = graph.sample_inputs(rows, torch.Generator().manual_seed(0))
-    inputs = {spec.name: tensor.numpy() for spec, tensor in zip(graph.inputs, sample, strict=True)}
-    sessions = []
-    for count in threads:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = count
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sessions.append(ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"]))
-    feed = {node.name: inputs[node.name] for node in sessions[0].get_inputs()}
+    sessions = [timing_session(path, count) for count in threads]
+    feed = feed_of(sessions[0], graph, graph.sample_inputs(rows, torch.Generator().manual_seed(0)))
     times: list[list[float]] = [[] for _ in sessions]
     for session in sessions:
         session.run(None, feed)
@@ -140,6 +131,24 @@ def thread_milliseconds(path: Path, graph: Graph, rows: int, runs: int,
             session.run(None, feed)
             timings.append(time.perf_counter() - started)
     return [1000 * statistics.median(timings) for timings in times]
+
+
+def timing_session(path: Path, threads: int) -> Any:
+    """An ONNX Runtime CPU session of the written graph on ``threads`` intra-op threads (0: the pool), not
+    spinning, as the service runs it."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def feed_of(session: Any, graph: Graph, sample: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+    """The session's inputs from the graph's positional ``sample`` (an input the optimized graph dropped is left
+    out)."""
+    inputs = {spec.name: tensor.numpy() for spec, tensor in zip(graph.inputs, sample, strict=True)}
+    return {node.name: inputs[node.name] for node in session.get_inputs()}
 
 
 def light_graph_threads(path: Path, graph: Graph) -> int:
@@ -178,19 +187,11 @@ def cpu_ms_per_row(path: Path, graph: Graph, threads: int, sizes: tuple[int, ...
     threads (0: ONNX Runtime's pool), not spinning: the process's CPU time (the pool's threads included), median of
     ``runs`` calls at each size, the sizes taking turns so that the machine's drift falls on all alike. The inputs
     are shaped as served (``served_inputs``, else the sample)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    session = timing_session(path, threads)
     make = graph.served_inputs or graph.sample_inputs
-    feeds = {}
-    for size in sizes:
-        sample = make(size, torch.Generator().manual_seed(0))
-        inputs = {spec.name: tensor.numpy() for spec, tensor in zip(graph.inputs, sample, strict=True)}
-        feeds[size] = {node.name: inputs[node.name] for node in session.get_inputs()}
-        session.run(None, feeds[size])  # warm-up
+    feeds = {size: feed_of(session, graph, make(size, torch.Generator().manual_seed(0))) for size in sizes}
+    for feed in feeds.values():
+        session.run(None, feed)  # warm-up
     times: dict[int, list[float]] = {size: [] for size in sizes}
     for _ in range(runs):
         for size in sizes:
