@@ -1,0 +1,37 @@
+"""benchmarks/piece_profile.py's attribution of py-spy samples to layers: per-piece work goes to its layer, the lease
+keeper's renewals (on a clock, whatever the pieces) are counted apart, the other threads' samples are not the loop's."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_profile_script():
+    spec = importlib.util.spec_from_file_location("piece_profile", ROOT / "benchmarks" / "piece_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["piece_profile"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+LOOP = "<module> (rtserve/cli.py:569);run (uvicorn/main.py:632);Runner.run (asyncio/runners.py:118)"
+SAMPLES = [
+    f"{LOOP};Leases._keep (service/sessions/lease.py:181);Leases.renew (service/sessions/lease.py:166);"
+    "SessionStore._pipelined (service/sessions/store.py:130) 7",
+    f"{LOOP};SessionFlow.apply (service/session_flow.py:116);Leases.take_for_piece (service/sessions/lease.py:140) 3",
+    f"{LOOP};SessionFlow.apply (service/session_flow.py:110);piece_digest (service/sessions/digest.py:16) 5",
+    f"{LOOP};CommitQueue._round_trip (service/sessions/commits.py:79);Pipeline.execute (redis/asyncio/client.py:2262) 2",
+    "Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);"
+    "OnnxBackend.run (service/runtime/backends.py:160) 40",
+]
+
+
+def test_the_keeper_is_counted_apart_and_a_piece_s_lock_is_its_own_layer(tmp_path):
+    profile = load_profile_script()
+    path = tmp_path / "spy.txt"
+    path.write_text("\n".join(SAMPLES) + "\n")  # py-spy's raw format: a stack, outermost first, and its count
+    layers = profile.read_samples(path)
+    assert layers == {profile.KEEPER: 7, "leases (a piece's lock)": 3, "digest": 5,
+                      "Redis client (redis-py, hiredis)": 2}
