@@ -4,15 +4,20 @@
 
 Why: the export caps a heavy graph's CPU batch where a row costs more past it (export/exporter.py ``cpu_batch_cap``),
 from the graph timed alone. This shows what the cap is worth to the service: a piece's CPU includes the hand-offs,
-the commits and the waits that the graph alone does not see.
+the commits and the waits that the graph alone does not see. For a forecaster (``--model rsa-etth1-h24``) it asks
+the other question: whether a smaller batch, splitting the sessions' cohort in two, lets one cohort's step overlap
+the other's trip through the event loop and Redis, and so serves more pieces a second.
 
 Method: one service per cap (``RTSERVE_MODEL_MAX_BATCH_SIZES`` for the model), both started at once on one embedded
 Redis, each under its own key prefix, so that the alternation needs no restart; the idle one costs next to nothing.
-The bench's closed-loop client (:mod:`loadtest.closed_loop`, 2 processes) sends ``--sessions`` RMT sessions of
-``--pieces`` one-segment pieces (the bench's inputs: Hyperpartisan articles cut into whole segments) over each
-session's stream to one service, then to the other, ``--repeats`` times, the order swapped every repeat. Server CPU:
-each service's process tree (its graph's threads included), per piece answered. Printed: every run, each cap's
-medians, and the median of the per-repeat ratios of the first cap's CPU per piece to the second's.
+The bench's closed-loop client (:mod:`loadtest.closed_loop`, 2 processes) sends ``--sessions`` sessions at a time
+over each session's stream to one service, then to the other, ``--repeats`` times, the order swapped every repeat.
+The bench's inputs: RMT, sessions of ``--pieces`` one-segment pieces (Hyperpartisan articles cut into whole
+segments); RSA, ETTh1 rows, the look-back then ``--pieces`` pieces of 24 rows, ``--waves`` sessions after sessions in
+the slots. Server CPU: each service's process tree (its graph's threads included), per piece answered. From each
+service's own ``/metrics`` over the run (``rtserve_batch_size``, ``rtserve_step_duration_seconds``): the mean batch,
+a step's wall time, and the share of the run its graph was stepping. Printed: every run, each cap's medians, and the
+median of the per-repeat ratios of the first cap's CPU per piece to the second's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +50,11 @@ def main() -> None:
     parser.add_argument("--model", default="rmt-hyperpartisan")
     parser.add_argument("--caps", default="16,32", help="two largest batches, comma-separated")
     parser.add_argument("--sessions", type=int, default=32)
-    parser.add_argument("--pieces", type=int, default=8, help="one-segment pieces per session")
+    parser.add_argument("--pieces", type=int, default=None,
+                        help="pieces per session (RMT: one-segment pieces, default 8; RSA: 24-row pieces after the "
+                             "look-back, default 16)")
+    parser.add_argument("--waves", type=int, default=None,
+                        help="RSA: sessions after sessions in the slots, per run (default 8; RMT 1)")
     parser.add_argument("--repeats", type=int, default=6)
     options = parser.parse_args()
     caps = [int(cap) for cap in options.caps.split(",")]
@@ -52,12 +62,20 @@ def main() -> None:
         raise SystemExit("--caps takes two batch sizes")
     entry = next((options.model_repository / options.model).glob("*/manifest.json")).parent
     manifest = json.loads((entry / "manifest.json").read_text())
-    if manifest["task"] != "classify":
-        raise SystemExit(f"{options.model} is not a classifier: this measures one-segment text pieces")
     ref = f"{manifest['name']}:{manifest['version']}"
-    sessions = inputs.classify_sessions(entry, manifest, inputs.hyperpartisan_texts(options.data), options.sessions,
-                                        options.pieces)
-    bodies = [session.pieces for session in sessions]
+    if manifest["task"] == "classify":
+        sessions = inputs.classify_sessions(entry, manifest, inputs.hyperpartisan_texts(options.data),
+                                            options.sessions, options.pieces or 8)
+        waves = options.waves or 1
+    elif manifest["task"] == "forecast":
+        settings = manifest["settings"]
+        values = inputs.etth1_values(options.data, list(settings["variables"]))
+        sessions = inputs.forecast_sessions(values, int(settings["lookback"]), options.sessions, 24,
+                                            options.pieces or 16)
+        waves = options.waves or 8
+    else:
+        raise SystemExit(f"{options.model} is neither a classifier nor a forecaster: its pieces are not steps")
+    bodies = [session.pieces for session in sessions] * waves
     logs = Path(tempfile.mkdtemp(prefix="rtserve-batch-cap-"))
     figures: dict[int, list[tuple[float, float]]] = {cap: [] for cap in caps}
     with EmbeddedRedis() as redis:
@@ -80,34 +98,51 @@ def main() -> None:
             asyncio.run(ready())
             pool = ClientPool(2)
 
-            def run(cap: int, chosen: list[list[bytes]]) -> tuple[float, float]:
+            def run(cap: int, chosen: list[list[bytes]]) -> tuple[float, float, str]:
                 process = psutil.Process(servers[cap].process.pid)
+                before = step_figures(servers[cap].url, ref)
                 done = pool.run(Target("rtserve-ws", servers[cap].url, ref), chosen,
-                                lambda: tree_cpu_seconds(process), False, len(chosen))
+                                lambda: tree_cpu_seconds(process), False, min(len(chosen), options.sessions))
                 if done.errors:
                     raise SystemExit(f"cap {cap}: {done.errors[:3]}")
-                return 1000 * done.server_cpu_seconds / done.pieces, done.pieces / done.wall_seconds
+                rows, steps, seconds = (after - earlier for after, earlier
+                                        in zip(step_figures(servers[cap].url, ref), before, strict=True))
+                steps_said = (f"mean batch {rows / steps:.1f}, a step {1000 * seconds / steps:.2f} ms, stepping "
+                              f"{seconds / done.wall_seconds:.0%} of the run") if steps else "no step"
+                return 1000 * done.server_cpu_seconds / done.pieces, done.pieces / done.wall_seconds, steps_said
 
             for cap in caps:  # warm-up, untimed
                 run(cap, bodies[:2])
             for repeat in range(options.repeats):
                 for cap in caps if repeat % 2 == 0 else caps[::-1]:
                     time.sleep(1)
-                    figures[cap].append(run(cap, bodies))
-                    ms, rate = figures[cap][-1]
-                    print(f"repeat {repeat + 1}, cap {cap}: {ms:.1f} ms of server CPU per piece, {rate:.1f} pieces/s",
-                          flush=True)
+                    ms, rate, steps_said = run(cap, bodies)
+                    figures[cap].append((ms, rate))
+                    print(f"repeat {repeat + 1}, cap {cap}: {ms:.3f} ms of server CPU per piece, {rate:.1f} pieces/s; "
+                          f"{steps_said}", flush=True)
         finally:
             if pool is not None:
                 pool.close()
             for server in servers.values():
                 server.stop()
     for cap in caps:
-        print(f"cap {cap}: median {statistics.median(ms for ms, _ in figures[cap]):.1f} ms per piece, "
+        print(f"cap {cap}: median {statistics.median(ms for ms, _ in figures[cap]):.3f} ms per piece, "
               f"{statistics.median(rate for _, rate in figures[cap]):.1f} pieces/s")
     ratios = [first[0] / second[0] for first, second in zip(figures[caps[0]], figures[caps[1]], strict=True)]
     print(f"{options.model}, {options.sessions} sessions over streams: CPU per piece, cap {caps[0]} / cap {caps[1]}, "
           f"per repeat {[round(ratio, 3) for ratio in ratios]}, median {statistics.median(ratios):.3f}")
+
+
+def step_figures(url: str, ref: str) -> tuple[float, float, float]:
+    """The service's own count of ``ref``'s batched steps so far, from ``/metrics``: rows stepped, steps, and the
+    steps' wall seconds."""
+    wanted = {"rtserve_batch_size_sum": 0, "rtserve_batch_size_count": 1, "rtserve_step_duration_seconds_sum": 2}
+    figures = [0.0, 0.0, 0.0]
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in wanted and f'model="{ref}"' in rest:
+            figures[wanted[name]] += float(line.rpartition(" ")[2])
+    return figures[0], figures[1], figures[2]
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ SAMPLES = [
     "SessionStore._pipelined (service/sessions/store.py:130) 7",
     f"{LOOP};SessionFlow.apply (service/session_flow.py:116);Leases.take_for_piece (service/sessions/lease.py:140) 3",
     f"{LOOP};SessionFlow.apply (service/session_flow.py:110);piece_digest (service/sessions/digest.py:16) 5",
-    f"{LOOP};CommitQueue._round_trip (service/sessions/commits.py:79);Pipeline.execute (redis/asyncio/client.py:2262) 2",
+    f"{LOOP};CommitQueue._round_trip (service/sessions/commits.py:79);"
+    "Pipeline.execute (redis/asyncio/client.py:2262) 2",
     "Thread._bootstrap (threading.py:1002);Thread.run (threading.py:982);"
     "OnnxBackend.run (service/runtime/backends.py:160) 40",
 ]
