@@ -30,6 +30,8 @@ from typing import Any
 
 import psutil
 
+from service.embedded_redis import die_with_parent
+
 HOST = "127.0.0.1"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]  # (sample name, labels) -> value, from /metrics
@@ -129,14 +131,17 @@ def server_environment(repository: Path, port: int, redis_url: str) -> dict[str,
 
 
 class Server:
-    """A server under test in a subprocess (``rtserve serve``, or the floor server), its output in a log file."""
+    """A server under test in a subprocess (``rtserve serve``, or the floor server), its output in a log file. It
+    gets SIGTERM if the process that started it dies first (a bench that crashes leaves no server behind to load the
+    machine under the next measurement); start it from the main thread, whose end the kernel watches."""
 
     def __init__(self, command: list[str], env: dict[str, str], port: int, log_path: Path) -> None:
         self.url = f"http://{HOST}:{port}"
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # closed in stop()
-        self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        preexec_fn=die_with_parent)  # runs in the child, between fork and exec
 
     @classmethod
     def rtserve(cls, repository: Path, port: int, log_path: Path, redis_url: str,

@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,27 @@ def test_report_file_names_say_the_machine_without_trademark_signs():
     assert machine_slug({"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "gpus": []}) == "intel-xeon-processor-2c"
     assert machine_slug({"cpu": "AMD EPYC", "cores": 2, "gpus": []}) == "amd-epyc-2c"
     assert machine_slug({"cpu": "Intel(R) Xeon(R)", "cores": 16, "gpus": ["NVIDIA H200"]}) == "nvidia-h200"
+
+
+def test_a_server_under_test_dies_with_the_bench_that_started_it(tmp_path):
+    """A bench killed mid-run (SIGKILL: no finally, no stop()) leaves no server behind to load the next measurement."""
+    script = ("import os, signal, sys; from pathlib import Path; from loadtest.harness import Server;"
+              "server = Server([sys.executable, '-c', 'import time; time.sleep(60)'], dict(os.environ), 1,"
+              " Path(sys.argv[1])); print(server.process.pid, flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    child = subprocess.run([sys.executable, "-c", script, str(tmp_path / "server.log")], capture_output=True,
+                           text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+                           timeout=60)
+    assert child.returncode == -9, child.stderr
+    server_pid = int(child.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while not _gone(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(server_pid), "the server under test outlived the bench that started it"
+
+
+def _gone(pid: int) -> bool:
+    """Exited (or a zombie its dead parent left for init to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
