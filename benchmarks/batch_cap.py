@@ -30,9 +30,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
 import psutil
+
+if TYPE_CHECKING:
+    from loadtest.harness import Samples
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,6 +45,7 @@ def main() -> None:
     from loadtest import bench_inputs as inputs
     from loadtest.closed_loop import ClientPool, Target
     from loadtest.harness import Client, Server, free_port, server_environment, tree_cpu_seconds
+    from loadtest.metrics import metric_delta, metric_sum
     from service.embedded_redis import EmbeddedRedis
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -100,13 +104,14 @@ def main() -> None:
 
             def run(cap: int, chosen: list[list[bytes]]) -> tuple[float, float, str]:
                 process = psutil.Process(servers[cap].process.pid)
-                before = step_figures(servers[cap].url, ref)
+                before = scrape(servers[cap].url)
                 done = pool.run(Target("rtserve-ws", servers[cap].url, ref), chosen,
                                 lambda: tree_cpu_seconds(process), False, min(len(chosen), options.sessions))
                 if done.errors:
                     raise SystemExit(f"cap {cap}: {done.errors[:3]}")
-                rows, steps, seconds = (after - earlier for after, earlier
-                                        in zip(step_figures(servers[cap].url, ref), before, strict=True))
+                delta = metric_delta(before, scrape(servers[cap].url))
+                rows, steps, seconds = (metric_sum(delta, name, model=ref) for name in (
+                    "rtserve_batch_size_sum", "rtserve_batch_size_count", "rtserve_step_duration_seconds_sum"))
                 steps_said = (f"mean batch {rows / steps:.1f}, a step {1000 * seconds / steps:.2f} ms, stepping "
                               f"{seconds / done.wall_seconds:.0%} of the run") if steps else "no step"
                 return 1000 * done.server_cpu_seconds / done.pieces, done.pieces / done.wall_seconds, steps_said
@@ -133,16 +138,18 @@ def main() -> None:
           f"per repeat {[round(ratio, 3) for ratio in ratios]}, median {statistics.median(ratios):.3f}")
 
 
-def step_figures(url: str, ref: str) -> tuple[float, float, float]:
-    """The service's own count of ``ref``'s batched steps so far, from ``/metrics``: rows stepped, steps, and the
-    steps' wall seconds."""
-    wanted = {"rtserve_batch_size_sum": 0, "rtserve_batch_size_count": 1, "rtserve_step_duration_seconds_sum": 2}
-    figures = [0.0, 0.0, 0.0]
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        name, _, rest = line.partition("{")
-        if name in wanted and f'model="{ref}"' in rest:
-            figures[wanted[name]] += float(line.rpartition(" ")[2])
-    return figures[0], figures[1], figures[2]
+def scrape(url: str) -> Samples:
+    """One scrape of a service's ``/metrics`` (the bench's client)."""
+    from loadtest.harness import Client
+
+    async def read() -> Samples:
+        client = Client(url, None, 1, 2.0)
+        try:
+            return await client.metrics()
+        finally:
+            await client.close()
+
+    return asyncio.run(read())
 
 
 if __name__ == "__main__":

