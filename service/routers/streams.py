@@ -278,7 +278,9 @@ async def session_stream(websocket: WebSocket, session_id: str) -> None:
         try:
             await websocket.accept()
             with shutdown.streaming(stream.close_soon):
-                await stream.run(meta)
+                # in a task of its own: each frame resumes the stream's own few frames, not the dozen of the ASGI
+                # middleware and routing that await it (re-entered on every resume otherwise); cancelled with them
+                await asyncio.get_running_loop().create_task(stream.run(meta))
         finally:
             flow.close_stream(session_id, lease)
     finally:
