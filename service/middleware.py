@@ -7,8 +7,8 @@ import asyncio
 import json
 import logging
 import re
+import secrets
 import time
-import uuid
 from typing import Any
 
 from starlette.middleware.gzip import GZipMiddleware
@@ -55,7 +55,7 @@ def header(scope: Scope, name: bytes) -> bytes | None:
 def take_request_id(scope: Scope) -> str:
     """The request's id, the client's ``X-Request-ID`` when it is plain (else a new one), put in its state."""
     sent = (header(scope, b"x-request-id") or b"").decode("latin-1")
-    request_id = sent if sent and _CLIENT_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
+    request_id = sent if sent and _CLIENT_REQUEST_ID.fullmatch(sent) else secrets.token_hex(16)
     scope.setdefault("state", {})["request_id"] = request_id
     return request_id
 
