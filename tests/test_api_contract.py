@@ -58,6 +58,16 @@ def test_request_id_is_taken_or_made_and_echoed(client):
     assert re.fullmatch(r"[0-9a-f]{32}", made) and re.fullmatch(r"[0-9a-f]{32}", odd) and made != odd
 
 
+def test_a_piece_is_matched_by_the_first_route_tried_and_the_reference_keeps_its_reading_order(client):
+    from service.routers import sessions
+
+    piece = {"type": "http", "method": "POST", "path": "/sessions/abc/segments", "root_path": ""}
+    assert sessions.router.routes[0].matches(piece)[0].name == "FULL"
+    paths = [path for path in client.app.openapi()["paths"] if path.startswith("/sessions")]
+    assert paths == ["/sessions", "/sessions/{session_id}", "/sessions/{session_id}/segments",
+                     "/sessions/{session_id}/finish"]
+
+
 def test_docs_render_offline_every_asset_from_the_service(client):
     for page in ("/docs", "/redoc"):
         html = client.get(page)

@@ -179,6 +179,7 @@ async def finish_session(
         meter.done(int(final.result.get(meter.counted, 0)))
     return final_answer(end)
 
+
 # the API reference lists the routes as defined above; a request is matched against them with a session's pieces and
 # its finish first (the busiest: each route tried before the one that fits costs the request a match)
 READING_ORDER = tuple(router.routes)
