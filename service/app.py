@@ -151,7 +151,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     # each router's routes as its module defines them (the sessions' match in another order: the busiest first)
     routes = [route for router in READING_ORDER
-              for route in (sessions.READING_ORDER if router is sessions.router else router.routes)]
+              for route in (sessions.ROUTES_IN_READING_ORDER if router is sessions.router else router.routes)]
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=routes,
                          tags=app.openapi_tags)
     components = schema.setdefault("components", {}).setdefault("schemas", {})

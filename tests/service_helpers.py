@@ -32,6 +32,14 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether the process is gone (:func:`process_gone`) within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not process_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process_gone(pid)
+
+
 def random_pieces(items: list, rng: Any, max_piece: int) -> list[list]:
     """Cut ``items`` (rows or characters) into consecutive pieces of random sizes 1..max_piece."""
     pieces, start = [], 0

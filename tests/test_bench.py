@@ -5,7 +5,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from loadtest.bench_gpu import EnergyMeter, energy_rates
 from loadtest.bench_report import check_targets, machine_slug
 from loadtest.metrics import SEGMENT_ROUTE, histogram_mean, metric_delta, redis_share
 from tests.fake_nvml import FakeNvml, NoNvml
-from tests.service_helpers import process_gone
+from tests.service_helpers import gone_within
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -154,7 +153,4 @@ def test_a_server_under_test_dies_with_the_bench_that_started_it(tmp_path):
                            timeout=60)
     assert child.returncode == -9, child.stderr
     server_pid = int(child.stdout.split()[0])
-    deadline = time.monotonic() + 5
-    while not process_gone(server_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert process_gone(server_pid), "the server under test outlived the bench that started it"
+    assert gone_within(server_pid, 5), "the server under test outlived the bench that started it"

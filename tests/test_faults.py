@@ -15,13 +15,12 @@ import signal
 import socket
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
 
 from loadtest.chaos import RedisProcess, Replica, chaos, free_port, print_table
-from tests.service_helpers import start_rtserve
+from tests.service_helpers import gone_within, start_rtserve
 
 
 @pytest.fixture(scope="module")
@@ -199,10 +198,4 @@ def test_a_service_killed_by_sigkill_leaves_no_redis_server(tiny_repository, tmp
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
-    deadline = time.monotonic() + 3
-    while Path(f"/proc/{redis_pid}").exists() and time.monotonic() < deadline:
-        if Path(f"/proc/{redis_pid}/stat").read_text().split()[2] == "Z":
-            break
-        time.sleep(0.05)
-    alive = Path(f"/proc/{redis_pid}").exists() and Path(f"/proc/{redis_pid}/stat").read_text().split()[2] != "Z"
-    assert not alive, "redis-server outlived the service killed by SIGKILL"
+    assert gone_within(redis_pid, 3), "redis-server outlived the service killed by SIGKILL"

@@ -182,5 +182,5 @@ async def finish_session(
 
 # the API reference lists the routes as defined above; a request is matched against them with a session's pieces and
 # its finish first (the busiest: each route tried before the one that fits costs the request a match)
-READING_ORDER = tuple(router.routes)
+ROUTES_IN_READING_ORDER = tuple(router.routes)
 router.routes.sort(key=lambda route: 0 if getattr(route, "path", "").endswith(("/segments", "/finish")) else 1)
