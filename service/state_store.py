@@ -19,11 +19,13 @@ event loop ran behind lengthens the deadline (:class:`Operation`): it is Redis's
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
@@ -116,7 +118,7 @@ class StateStore:
             socket_timeout=None,  # each operation's deadline instead (Operation): redis-py's default is 5 s
             socket_connect_timeout=None,  # within the operation's deadline, which leaves out the loop's own lag
             decode_responses=False,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2, supported_errors=(RedisConnectionError,)),
+            retry=Retry(RETRY_BACKOFF, BROKEN_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,)),
         )
         return cls(aioredis.Redis.from_pool(pool), url, prefix, deadline_seconds=timeout_seconds)
 
@@ -128,6 +130,42 @@ class StateStore:
         """``async with store.operation(): <Redis commands>`` — within the deadline, Redis's errors as the
         service's (:class:`Operation`); ``timer`` (a metric's) times the commands."""
         return Operation(self, timer)
+
+    async def round_trip(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Each of ``commands``' replies, an error reply as its exception (not raised), all sent in one round trip.
+
+        On one server: the commands in one write over one pooled connection, their replies read back in order; a
+        pipeline less redis-py's per-command bookkeeping (its command stack, its checks of each command before the
+        write, a coroutine per reply for its callbacks), which costs more than the commands' packing and parsing. As
+        redis-py's pipelines do on this store's pool, a broken pooled connection (a restarted Redis closed it) is
+        retried twice on a fresh one, the same commands again (every write the service sends is idempotent when
+        repeated), and a read cut off mid-reply (the operation's deadline) leaves the connection closed, never reused.
+        On a cluster: redis-py's pipeline, which splits the commands by node and sends to the nodes in parallel."""
+        if self.cluster:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                return list(await pipe.execute(raise_on_error=False))
+        packed = [pack(command) for command in commands]
+        pool = self.client.connection_pool
+        for attempt in range(1 + BROKEN_CONNECTION_RETRIES):
+            connection = await pool.get_connection()
+            try:
+                await connection.send_packed_command(packed, check_health=False)
+                replies: list[Any] = []
+                for _ in commands:
+                    try:
+                        replies.append(await connection.read_response())
+                    except ResponseError as error:  # this command's own: the others' replies follow it
+                        replies.append(error)
+                return replies
+            except RedisConnectionError:  # redis-py closed the connection: a fresh one next time
+                if attempt == BROKEN_CONNECTION_RETRIES:
+                    raise
+            finally:
+                await pool.release(connection)
+            await asyncio.sleep(RETRY_BACKOFF.compute(attempt + 1))
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def as_error(self, error: BaseException) -> StateStoreUnavailable | None:
         """The service's error for one of Redis's: :class:`StateStoreUnavailable` with the server named (or
@@ -179,17 +217,33 @@ class StateStore:
 
 
 RUNNING_OPERATION: ContextVar[Operation | None] = ContextVar("rtserve_redis_operation", default=None)
+# one server: a command meeting a broken pooled connection is sent again on a fresh one, this many times, after these
+BROKEN_CONNECTION_RETRIES = 2
+RETRY_BACKOFF = ExponentialWithJitterBackoff(base=0.01, cap=0.2)
+
+
+_SERIALIZER = HiredisRespSerializer()
+
+
+def pack(command: tuple[Any, ...]) -> bytes:
+    """One command in Redis's protocol, packed by hiredis (C): the bytes redis-py's own hiredis serializer (which its
+    synchronous connections use) writes, without its pass over every argument in Python for the rare one hiredis
+    does not take (a bytearray, a memoryview) or a command name of two words (``SCRIPT LOAD``), both left to it."""
+    name = command[0]
+    if type(name) is str and " " not in name:
+        try:
+            return hiredis.pack_command(command)
+        except TypeError:
+            pass
+    return _SERIALIZER.pack(*command)[0]
 
 
 class HiredisPacking:
-    """A connection that packs each command with hiredis (C), through redis-py's own hiredis serializer (which its
-    synchronous connections use; asyncio redis-py packs in Python): the same bytes on the wire
-    (tests/test_state_store.py), a tenth of the CPU for a commit's dozen arguments."""
-
-    _serializer = HiredisRespSerializer()
+    """A connection that packs each command with hiredis (:func:`pack`; asyncio redis-py packs in Python): the same
+    bytes on the wire (tests/test_state_store.py), a tenth of the CPU for a commit's dozen arguments."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        return self._serializer.pack(*args)
+        return [pack(args)]
 
 
 def hiredis_packing(connection_class: type) -> type:

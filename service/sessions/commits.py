@@ -2,12 +2,12 @@
 
 The pieces of one batched step (the sessions whose rows the batcher stacked) get their outputs at the same moment,
 so their commits are asked for in the same turn of the loop. :class:`CommitQueue` holds each commit asked for until
-the end of that turn, then sends them all in one pipeline: one round trip for the batch, not one per piece. On a
-Redis Cluster the pipeline is split by node and sent to the nodes in parallel (redis-py's cluster pipeline), so the
-commits are grouped by node. Each commit is still its own script call: it succeeds or fails on its own (a lost race
-in a batch fails only that piece, as does a commit Redis refuses), and each caller gets its own outcome. (One script
-call carrying a whole batch, on one server, measured no cheaper for the service or for Redis: what a commit costs is
-its bytes, the state and the result, more than its command.)
+the end of that turn, then sends them all in one round trip (:meth:`StateStore.round_trip`: one write, the replies
+read in order), not one per piece. On a Redis Cluster they go through redis-py's cluster pipeline, split by node and
+sent to the nodes in parallel, so the commits are grouped by node. Each commit is still its own script call: it
+succeeds or fails on its own (a lost race in a batch fails only that piece, as does a commit Redis refuses), and each
+caller gets its own outcome. (One script call carrying a whole batch, on one server, measured no cheaper for the
+service or for Redis: what a commit costs is its bytes, the state and the result, more than its command.)
 """
 
 from __future__ import annotations
@@ -68,18 +68,17 @@ class CommitQueue:
                 commit.done.set_result(reply)
 
     async def _round_trip(self, batch: list[Commit]) -> list[Any]:
-        """One pipeline: each commit's script call and companions; the script's reply per commit. A script Redis
+        """One round trip: each commit's script call and companions; the script's reply per commit. A script Redis
         lost (a restart) is loaded again and only the calls it refused are sent again (they did not run)."""
         replies: list[Any] = [None] * len(batch)
         todo = list(range(len(batch)))
         for attempt in range(2):
-            async with self.store.client.pipeline(transaction=False) as pipe:
-                for index in todo:
-                    commit = batch[index]
-                    pipe.execute_command("EVALSHA", self.script.sha, len(commit.keys), *commit.keys, *commit.args)
-                    for command in commit.companions:
-                        pipe.execute_command(*command)
-                answers = await pipe.execute(raise_on_error=False)
+            commands: list[tuple[Any, ...]] = []
+            for index in todo:
+                commit = batch[index]
+                commands.append(("EVALSHA", self.script.sha, len(commit.keys), *commit.keys, *commit.args))
+                commands.extend(commit.companions)
+            answers = await self.store.round_trip(commands)
             refused: list[int] = []
             position = 0
             for index in todo:

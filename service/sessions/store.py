@@ -105,7 +105,13 @@ class SessionStore:
 
     async def _evalsha(self, lua: str, keys: list[str], args: list[Any]) -> Any:
         """One script call without redis-py's script object in between (its type checks cost more than the
-        command); a script Redis lost (a restart) is loaded again."""
+        command), on one server in a round trip of its own (:meth:`_pipelined`); a script Redis lost (a restart) is
+        loaded again."""
+        if self.one_node:
+            (reply,) = await self._pipelined(lua, [(keys, args)])
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
         script = self._script(lua)
         try:
             return await self.redis.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -116,18 +122,16 @@ class SessionStore:
     async def _pipelined(self, lua: str, calls: list[tuple[list[str], list[Any]]],
                          companions: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
         """One call of the script per (keys, args) of ``calls``, then the ``companions`` commands, all in one round
-        trip; every reply, an error as an exception. A script Redis lost (a restart) is loaded again.
+        trip (:meth:`StateStore.round_trip`); every reply, an error as an exception. A script Redis lost (a restart) is
+        loaded again.
 
-        On a cluster the pipeline splits by node and the nodes are sent to in parallel (redis-py blocks the
+        On a cluster redis-py's pipeline splits them by node and the nodes are sent to in parallel (redis-py blocks the
         ``evalsha`` method in cluster pipelines, not the command: each call's keys share one slot)."""
         script = self._script(lua)
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        commands.extend(companions)
         for attempt in range(2):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for keys, args in calls:
-                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                for command in companions:
-                    pipe.execute_command(*command)
-                replies = await pipe.execute(raise_on_error=False)
+            replies = await self.store.round_trip(commands)
             if attempt == 0 and any(isinstance(reply, NoScriptError) for reply in replies[: len(calls)]):
                 await self.redis.script_load(script.script)
                 continue
