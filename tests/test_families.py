@@ -15,7 +15,7 @@ import pytest
 
 from models.families import BUILT_IN, CLASSIFY, TASKS, Family, UnknownFamily, families, family, load_part, refresh
 from service.metrics import ServiceMetrics
-from service.runtime.registry import ModelRegistry
+from service.runtime.registry import ModelRegistry, UnknownModel
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +144,24 @@ async def test_a_model_of_a_family_not_installed_is_reported_and_the_others_load
     await registry.load_all()
     assert sorted(registry.models) == ["rsa-tiny:1"]
     assert "no model family 'gru-forecaster'" in registry.errors["stranger:1"]
+    await registry.close()
+
+
+async def test_a_model_named_without_a_version_is_its_latest_version_by_number(forecast_repository, tmp_path):
+    repository = tmp_path / "repository"
+    shutil.copytree(forecast_repository[0], repository)
+    for version in ("9", "10"):
+        shutil.copytree(repository / "rsa-tiny" / "1", repository / "rsa-tiny" / version)
+    registry = ModelRegistry(Settings(model_repository=repository), ServiceMetrics())
+    await registry.load_all()
+    assert registry.resolve("rsa-tiny", None).ref == "rsa-tiny:10"  # 10 after 9, as numbers
+    assert registry.resolve("rsa-tiny", "forecast").ref == "rsa-tiny:10"
+    assert registry.resolve("rsa-tiny:9", None).ref == "rsa-tiny:9"
+    assert registry.resolve("rsa-tiny:", None).ref == "rsa-tiny:10"
+    with pytest.raises(UnknownModel, match="serves 'forecast', not 'classify'"):
+        registry.resolve("rsa-tiny", "classify")
+    with pytest.raises(UnknownModel, match="has no version '2'"):
+        registry.resolve("rsa-tiny:2", None)
     await registry.close()
 
 

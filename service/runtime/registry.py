@@ -61,7 +61,7 @@ class LoadedModel:
     def task(self) -> str:
         return str(self.manifest["task"])
 
-    @property
+    @cached_property  # read several times a piece; name and version do not change
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
 
@@ -220,6 +220,7 @@ class ModelRegistry:
         self.alone = alone
         self.entries = discover(settings.model_repository)
         self.models: dict[str, LoadedModel] = {}  # "name:version" -> model
+        self.latest: dict[str, LoadedModel] = {}  # "name" -> its latest version's model
         self.errors: dict[str, str] = {}
 
     def expected_count(self) -> int:
@@ -245,6 +246,9 @@ class ModelRegistry:
                     self.errors[f"{name}:{version}"] = f"{type(error).__name__}: {error}"
                     continue
                 self.models[model.ref] = model
+                latest = self.latest.get(name)
+                if latest is None or _version_key(version) > _version_key(latest.version):
+                    self.latest[name] = model
                 log.info("loaded %s (%s, %s backend on %s in %s, %s, batches up to %d)", model.ref, model.task,
                          model.backend, model.device, model.precision, model.providers, model.max_batch_size)
 
@@ -258,7 +262,8 @@ class ModelRegistry:
             if task is None:
                 raise UnknownModel("name a `model` or a `task`")
             model = self.settings.default_models.get(task) or self._first_for_task(task)
-        loaded = self.models.get(model)  # a session's model: its "name:version", the common case
+        # a session's model ("name:version"), or a request's that names no version (its latest)
+        loaded = self.models.get(model) or self.latest.get(model)
         if loaded is not None and (task is None or loaded.task == task):
             return loaded
         name, _, version = model.partition(":")
