@@ -118,7 +118,7 @@ class StateStore:
             socket_timeout=None,  # each operation's deadline instead (Operation): redis-py's default is 5 s
             socket_connect_timeout=None,  # within the operation's deadline, which leaves out the loop's own lag
             decode_responses=False,
-            retry=Retry(RETRY_BACKOFF, BROKEN_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,)),
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2, supported_errors=(RedisConnectionError,)),
         )
         return cls(aioredis.Redis.from_pool(pool), url, prefix, deadline_seconds=timeout_seconds)
 
@@ -136,10 +136,10 @@ class StateStore:
 
         On one server: the commands in one write over one pooled connection, their replies read back in order; a
         pipeline less redis-py's per-command bookkeeping (its command stack, its checks of each command before the
-        write, a coroutine per reply for its callbacks), which costs more than the commands' packing and parsing. As
-        redis-py's pipelines do on this store's pool, a broken pooled connection (a restarted Redis closed it) is
-        retried twice on a fresh one, the same commands again (every write the service sends is idempotent when
-        repeated), and a read cut off mid-reply (the operation's deadline) leaves the connection closed, never reused.
+        write, a coroutine per reply for its callbacks), which costs more than the commands' packing and parsing. The
+        connection's own retry (the pool's, as its pipelines use it) sends them again when the pooled connection was
+        broken (a restarted Redis closed it): every write the service sends is idempotent when repeated. A read cut off
+        mid-reply (the operation's deadline) leaves the connection closed, never reused.
         On a cluster: redis-py's pipeline, which splits the commands by node and sends to the nodes in parallel."""
         if self.cluster:
             async with self.client.pipeline(transaction=False) as pipe:
@@ -148,24 +148,25 @@ class StateStore:
                 return list(await pipe.execute(raise_on_error=False))
         packed = [pack(command) for command in commands]
         pool = self.client.connection_pool
-        for attempt in range(1 + BROKEN_CONNECTION_RETRIES):
-            connection = await pool.get_connection()
-            try:
-                await connection.send_packed_command(packed, check_health=False)
-                replies: list[Any] = []
-                for _ in commands:
-                    try:
-                        replies.append(await connection.read_response())
-                    except ResponseError as error:  # this command's own: the others' replies follow it
-                        replies.append(error)
-                return replies
-            except RedisConnectionError:  # redis-py closed the connection: a fresh one next time
-                if attempt == BROKEN_CONNECTION_RETRIES:
-                    raise
-            finally:
-                await pool.release(connection)
-            await asyncio.sleep(RETRY_BACKOFF.compute(attempt + 1))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        connection = await pool.get_connection()
+
+        async def send_and_read() -> list[Any]:
+            await connection.send_packed_command(packed, check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await connection.read_response())
+                except ResponseError as error:  # this command's own: the others' replies follow it
+                    replies.append(error)
+            return replies
+
+        async def broken(error: Exception) -> None:
+            await connection.disconnect()  # reconnected by the next try
+
+        try:
+            return await connection.retry.call_with_retry(send_and_read, broken)
+        finally:
+            await pool.release(connection)
 
     def as_error(self, error: BaseException) -> StateStoreUnavailable | None:
         """The service's error for one of Redis's: :class:`StateStoreUnavailable` with the server named (or
@@ -217,9 +218,6 @@ class StateStore:
 
 
 RUNNING_OPERATION: ContextVar[Operation | None] = ContextVar("rtserve_redis_operation", default=None)
-# one server: a command meeting a broken pooled connection is sent again on a fresh one, this many times, after these
-BROKEN_CONNECTION_RETRIES = 2
-RETRY_BACKOFF = ExponentialWithJitterBackoff(base=0.01, cap=0.2)
 
 
 _SERIALIZER = HiredisRespSerializer()

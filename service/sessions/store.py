@@ -104,20 +104,12 @@ class SessionStore:
         return script
 
     async def _evalsha(self, lua: str, keys: list[str], args: list[Any]) -> Any:
-        """One script call without redis-py's script object in between (its type checks cost more than the
-        command), on one server in a round trip of its own (:meth:`_pipelined`); a script Redis lost (a restart) is
-        loaded again."""
-        if self.one_node:
-            (reply,) = await self._pipelined(lua, [(keys, args)])
-            if isinstance(reply, Exception):
-                raise reply
-            return reply
-        script = self._script(lua)
-        try:
-            return await self.redis.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.redis.script_load(script.script)
-            return await self.redis.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        """One script call in a round trip of its own (:meth:`_pipelined`), without redis-py's script object in
+        between (its type checks cost more than the command); its error reply raised."""
+        (reply,) = await self._pipelined(lua, [(keys, args)])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     async def _pipelined(self, lua: str, calls: list[tuple[list[str], list[Any]]],
                          companions: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
