@@ -88,3 +88,38 @@ def test_a_started_app_freezes_what_startup_built_and_spaces_young_collections_o
             assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *before[1:])
     finally:
         gc.set_threshold(*before)
+
+
+def test_every_readiness_door_says_not_ready_when_redis_is_down():
+    """/readyz, KServe v2's /v2/health/ready and gRPC's ServerReady give one answer (service/readiness.py)."""
+    from tritonclient.grpc import InferenceServerClient
+
+    from loadtest.harness import free_port
+
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", redis_timeout_seconds=0.5, grpc_port=free_port(),
+                        model_repository="/nonexistent")
+    app = create_app(settings)
+    with TestClient(app) as client:
+        assert client.get("/readyz").json()["status"] == "unavailable"
+        v2 = client.get("/v2/health/ready")
+        assert v2.status_code == 503 and v2.headers["Retry-After"]
+        assert v2.json()["error"].startswith("session store unavailable: ") and "unreachable" in v2.json()["error"]
+        grpc_client = InferenceServerClient(f"127.0.0.1:{app.state.grpc_port}")
+        try:
+            assert grpc_client.is_server_live() and not grpc_client.is_server_ready()
+        finally:
+            grpc_client.close()
+
+
+def test_readiness_names_the_first_thing_that_keeps_a_replica_from_serving():
+    from service.readiness import ReplicaReadiness
+
+    ready = ReplicaReadiness("ok", 3, 3, draining=False)
+    assert ready.ready and ready.status == "ready" and ready.reason() == ""
+    loading = ReplicaReadiness("ok", 2, 3, draining=False)
+    assert not loading.ready and loading.status == "unavailable"
+    assert loading.reason().startswith("not ready: 2 of 3 models loaded")
+    draining = ReplicaReadiness("ok", 3, 3, draining=True)
+    assert draining.status == "draining" and draining.reason() == "not ready: shutting down"
+    both = ReplicaReadiness("Redis unreachable at redis://x", 3, 3, draining=True)  # Redis first: it decides all
+    assert both.status == "draining" and both.reason() == "session store unavailable: Redis unreachable at redis://x"

@@ -49,9 +49,10 @@ from service.kserve.inference import Inference
 from service.logs import request_id_var
 from service.metrics import ServiceMetrics
 from service.middleware import record_request, take_request_id
+from service.readiness import readiness
 from service.settings import Settings
 from service.shutdown import Shutdown
-from service.state_store import StateStore, StateStoreUnavailable
+from service.state_store import StateStore
 
 log = logging.getLogger("rtserve")
 
@@ -172,11 +173,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
         async def ready(call: Call) -> Any:
-            try:
-                await self.store.check_writable()
-            except StateStoreUnavailable:
-                return service_pb2.ServerReadyResponse(ready=False)
-            return service_pb2.ServerReadyResponse(ready=self.inference.ready())
+            now = await readiness(self.store, self.inference.registry, self.shutdown)
+            return service_pb2.ServerReadyResponse(ready=now.ready)
 
         return await self._unary("ServerReady", context, ready, keyed=False)
 

@@ -99,10 +99,6 @@ class Inference:
         return self.signature(self.model(name, model_version)).config(self.settings.session_ttl_seconds,
                                                                        self.settings.max_queue_delay_ms)
 
-    def ready(self) -> bool:
-        """Every model of the repository loaded and the replica not draining (Redis is the caller's to check)."""
-        return not self.draining() and self.registry.loaded_count() == self.registry.expected_count()
-
     def repository_index(self) -> list[dict[str, str]]:
         """Every model version the repository holds and its state (Triton's repository index; rtserve loads every
         model at start: READY, or UNAVAILABLE with the reason it did not load)."""

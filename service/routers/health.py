@@ -8,7 +8,8 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 
-from service.dependencies import FlowDep, MetricsDep, StoreDep
+from service.dependencies import FlowDep, MetricsDep
+from service.readiness import readiness
 from service.state_store import StateStoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -47,25 +48,14 @@ async def healthz() -> Health:
     "otherwise; 503 `draining` from the moment the process is told to stop (SIGTERM). Needs no key.",
     responses={503: {"model": Readiness, "description": "Not ready: see `status`, `redis` and `models_loaded`."}},
 )
-async def readyz(request: Request, response: Response, store: StoreDep) -> Readiness:
-    warnings: list[str] = []
-    try:
-        warnings = await store.check_writable()
-        redis_status = "ok"
-    except StateStoreUnavailable as error:
-        redis_status = str(error)
-    registry = getattr(request.app.state, "registry", None)
-    loaded = registry.loaded_count() if registry is not None else 0
-    expected = registry.expected_count() if registry is not None else 0
-    draining = request.app.state.shutdown.draining
-    ready = redis_status == "ok" and loaded == expected and not draining
-    if not ready:
+async def readyz(request: Request, response: Response) -> Readiness:
+    state = request.app.state
+    now = await readiness(state.store, getattr(state, "registry", None), state.shutdown)
+    if not now.ready:
         response.status_code = 503
         response.headers["Retry-After"] = "1"
-    return Readiness(
-        status="ready" if ready else "draining" if draining else "unavailable", redis=redis_status,
-        models_loaded=loaded, models_expected=expected, warnings=warnings,
-    )
+    return Readiness(status=now.status, redis=now.redis, models_loaded=now.models_loaded,
+                     models_expected=now.models_expected, warnings=now.warnings)
 
 
 @router.get(

@@ -27,7 +27,7 @@ from service.kserve.schemas import (
     V2Error,
 )
 from service.kserve.tensors import inflate, read_request, write_answer
-from service.state_store import StateStoreUnavailable
+from service.readiness import readiness
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 
@@ -62,14 +62,9 @@ async def live() -> Response:
             "shutting down (as `/readyz`); 503 otherwise (the protocol asks for a 4xx; clients test for 200). Needs no "
             "key.", responses={200: {"description": "Ready.", "content": {}}} | responses(503, body=V2Error))
 async def ready(request: Request) -> Response:
-    try:
-        await request.app.state.store.check_writable()
-    except StateStoreUnavailable as error:
-        return _not_ready(f"session store unavailable: {error}")
-    if not _inference(request).ready():
-        return _not_ready("not ready: " + ("shutting down" if request.app.state.shutdown.draining
-                                           else "models still loading"))
-    return Response(status_code=200)
+    state = request.app.state
+    now = await readiness(state.store, state.registry, state.shutdown)
+    return Response(status_code=200) if now.ready else _not_ready(now.reason())
 
 
 def _not_ready(why: str) -> Response:
