@@ -22,6 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from service.collector import settle_after_startup
 from service.embedded_redis import EmbeddedRedis
 from service.errors import install_error_handlers
+from service.fast_path import FastPathAtTheDoor
 from service.kserve.inference import Inference
 from service.loop_lag import LoopLag
 from service.metrics import ServiceMetrics
@@ -130,7 +131,8 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
         app.include_router(router)
     app.mount(docs.ASSETS_URL, docs.assets(), name="docs-assets")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    # the last added is the outermost
+    # the last added is the outermost; innermost, a session's pieces take their fast path without the router
+    app.add_middleware(FastPathAtTheDoor, route=sessions.PIECE_ROUTE, handlers=app.exception_handlers)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                        read_timeout_seconds=settings.request_read_timeout_seconds)
     if settings.gzip_minimum_bytes > 0:  # never text/event-stream, nor a session piece's answer

@@ -15,15 +15,16 @@ A route whose endpoint carries a *fast path* (:func:`with_fast_path`) then tries
 answers the plain case (a body of exactly the expected types, :func:`plain_piece`, :func:`plain_body`) without
 FastAPI's dependency solver, pydantic's validation and its serialization of the answer, and returns None for
 anything else, which the endpoint then validates and names what is wrong. The fast path runs inside the middleware
-stack and the router, like the endpoint, and raises the same errors (the app's handlers answer them): the answer
-does not depend on which of the two took the request. :func:`answer_json` serializes a fast path's answer once.
+stack, like the endpoint, and raises the same errors (the app's handlers answer them): the answer does not depend on
+which of the two took the request. The busiest route's, a session's pieces, is taken before the router
+(:class:`FastPathAtTheDoor`); the others' in the route. :func:`answer_json` serializes a fast path's answer once.
 """
 
 from __future__ import annotations
 
 import json
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,11 @@ import orjson
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import result_json
+from service.middleware import replaying
 from service.runtime.pipeline import InputError
 from service.schemas import FLOAT32_MAX, SegmentResponse, SessionInfo
 from service.sessions import SessionMeta
@@ -74,12 +78,19 @@ def is_json(content_type: str) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+# in a request's scope: its body as parsed by the fast path at the door, which declined it (FastPathAtTheDoor)
+DECLINED_AT_THE_DOOR = "rtserve.declined_at_the_door"
+
+
 class JSONBodyRequest(Request):
-    """A request whose JSON body is read once (:meth:`json`), by the route and the endpoint alike."""
+    """A request whose JSON body is read once (:meth:`json`), by the route and the endpoint alike (and by the fast
+    path at the door before them)."""
 
     _parsed: Any = _UNREAD
 
     async def json(self) -> Any:
+        if self._parsed is _UNREAD:
+            self._parsed = self.scope.get(DECLINED_AT_THE_DOOR, _UNREAD)
         if self._parsed is _UNREAD:
             self._parsed = _json_of(await self.body())
         return self._parsed
@@ -110,6 +121,15 @@ def with_fast_path(fast: FastPath) -> Callable[[Callable[..., Any]], Callable[..
     return mark
 
 
+async def take_fast_path(request: JSONBodyRequest, fast: FastPath | None) -> Response | None:
+    """The body read and refused if it is not JSON (with what to send), then ``fast``'s answer: None where the
+    endpoint has to validate the body."""
+    await read_json(request)  # refused here, with what to send, before validation reads it
+    if fast is None or DECLINED_AT_THE_DOOR in request.scope:  # declined once already
+        return None
+    return await fast(request)
+
+
 class JSONBodyRoute(APIRoute):
     """The route class of every router whose operations take a JSON body."""
 
@@ -119,14 +139,63 @@ class JSONBodyRoute(APIRoute):
 
         async def read_json_body(request: Request) -> Response:
             request = JSONBodyRequest(request.scope, request.receive)
-            await read_json(request)  # refused here, with what to send, before validation reads it
-            if fast is not None:
-                answer = await fast(request)
-                if answer is not None:
-                    return answer
-            return await handler(request)
+            answer = await take_fast_path(request, fast)
+            return answer if answer is not None else await handler(request)
 
         return read_json_body
+
+
+class FastPathAtTheDoor:
+    """The fast path of the busiest route (a session's pieces), taken where the app's own middleware ends.
+
+    Placed innermost among the app's middleware (inside the request's id and metrics, the shutdown's cut and the body
+    limit, which have read the body), it answers a request of ``route`` that its fast path takes, as the route would,
+    without the way there: Starlette's exception middleware, the router's match against every route, FastAPI's
+    request and its dependency scopes, which cost a piece about a tenth of its CPU. An error is answered by the app's
+    own exception handlers, as the route's would be (an unexpected one goes on up, as it does from the route). Any
+    other request, and a body the fast path leaves to validation, goes through the app as before (with its body
+    again).
+    """
+
+    def __init__(self, app: ASGIApp, route: JSONBodyRoute, handlers: Mapping[Any, Any]) -> None:
+        self.app, self.route = app, route
+        self.fast: FastPath = route.endpoint.fast_path  # type: ignore[attr-defined]
+        self.handlers = handlers  # the app's exception handlers, by class (FastAPI.exception_handlers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        match, found = self.route.matches(scope)
+        if match is not Match.FULL:
+            await self.app(scope, receive, send)
+            return
+        scope.update(found)  # path_params and route, as the router sets them (the metrics name the route by it)
+        request = JSONBodyRequest(scope, receive)
+        try:
+            answer = await take_fast_path(request, self.fast)
+        except Exception as error:
+            handler = handler_of(error, self.handlers)
+            if handler is None:
+                raise
+            answer = await handler(request, error)
+        if answer is None:  # validation names what is wrong: the app's way, with the body and what it parsed to
+            scope[DECLINED_AT_THE_DOOR] = await request.json()
+            await self.app(scope, replaying(await request.body(), receive), send)
+            return
+        await answer(scope, receive, send)
+
+
+def handler_of(error: Exception, handlers: Mapping[Any, Any]) -> Any:
+    """The app's handler for ``error``, as Starlette's exception middleware finds it (by the error's classes, nearest
+    first); None for an error only the handler of every exception takes (Starlette's server error middleware, further
+    out, calls that one, then lets the error go on up to be logged with its traceback)."""
+    for kind in type(error).__mro__:
+        if kind is Exception:
+            return None
+        if kind in handlers:
+            return handlers[kind]
+    return None
 
 
 # ---- what a fast path takes: bodies of exactly the plain types ------------------------------------------------

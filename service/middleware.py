@@ -143,16 +143,7 @@ class BodyLimitMiddleware:
             await self._refuse(scope, send, 408,
                                f"the request body did not arrive within {self.read_timeout_seconds:g} s")
             return
-        body, replayed = b"".join(chunks), False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: http.disconnect, for streaming responses
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(b"".join(chunks), receive), send)
 
     @staticmethod
     async def _refuse(scope: Scope, send: Send, status: int, detail: str) -> None:
@@ -161,6 +152,21 @@ class BodyLimitMiddleware:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the whole ``body`` read already, in one message, then what ``receive`` gives (after
+    the body: http.disconnect, for streaming responses)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 TOO_LARGE_HINT = "send long inputs through a session in pieces"

@@ -209,3 +209,45 @@ def test_a_create_by_the_fast_path_answers_what_the_endpoint_answers(client, mon
     unknown = client.post("/sessions", json={"model": "nope"})
     assert unknown.status_code == 404 and "nope" in unknown.json()["detail"]
     assert taken == [True, False, False, "raised"]  # the unknown model: the fast path's 404, the endpoint's own
+
+
+def test_a_plain_piece_is_answered_at_the_door_and_one_for_validation_through_the_router(client, monkeypatch):
+    """A session's plain piece is answered where the app's own middleware ends (FastPathAtTheDoor), without reaching
+    the router; a piece validation has to read goes on through the router to the route. Either way the answer, its
+    errors (the app's handlers), its request id and its metrics (the route's template, the session's model) are the
+    route's."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from starlette.routing import Router
+
+    routed = []
+    call_router = Router.__call__
+
+    async def counting(self, scope, receive, send):
+        routed.append((scope["method"], scope["path"]))
+        await call_router(self, scope, receive, send)
+
+    def answered(model):
+        families = text_string_to_metric_families(client.get("/metrics").text)
+        requests = next(family for family in families if family.name == "rtserve_requests")
+        return {sample.labels["status"]: sample.value for sample in requests.samples
+                if sample.name == "rtserve_requests_total" and sample.labels["model"] == model
+                and sample.labels["route"] == "/sessions/{session_id}/segments"}
+
+    monkeypatch.setattr(Router, "__call__", counting)
+    created = client.post("/sessions", json={"task": "forecast"}).json()
+    session, model = created["id"], created["model"]
+    before = answered(model)
+    rows = [[1.0] * len(VARIABLES)] * 3
+    plain = client.post(f"/sessions/{session}/segments", json={"seq": 1, "rows": rows})
+    validated = client.post(f"/sessions/{session}/segments", json={"seq": 2.0, "rows": rows})  # 2.0: validation's
+    gap = client.post(f"/sessions/{session}/segments", json={"seq": 9, "rows": rows}, headers={"X-Request-ID": "r-9"})
+    text = client.post(f"/sessions/{session}/segments", content=b'{"seq": 3}', headers={"Content-Type": "text/plain"})
+    assert plain.status_code == 200 and validated.status_code == 200, (plain.text, validated.text)
+    assert plain.json()["session"]["seq"] == 1 and validated.json()["session"]["seq"] == 2
+    assert gap.status_code == 409 and gap.json()["expected_seq"] == 3 and gap.headers["x-request-id"] == "r-9"
+    assert gap.json()["request_id"] == "r-9"
+    assert text.status_code == 415 and "Content-Type: application/json" in text.json()["detail"]
+    pieces = [path for method, path in routed if path.endswith("/segments")]
+    assert pieces == [f"/sessions/{session}/segments"]  # only the piece validation read reached the router
+    after = answered(model)
+    assert after.get("200", 0) - before.get("200", 0) == 2 and after.get("409", 0) - before.get("409", 0) == 1

@@ -180,6 +180,9 @@ async def finish_session(
     return final_answer(end)
 
 
+# the route whose fast path the app takes at its door (service/fast_path.py FastPathAtTheDoor): a session's pieces
+PIECE_ROUTE = next(route for route in router.routes if getattr(route, "endpoint", None) is add_segment)
+
 # the API reference lists the routes as defined above; a request is matched against them with a session's pieces and
 # its finish first (the busiest: each route tried before the one that fits costs the request a match)
 ROUTES_IN_READING_ORDER = tuple(router.routes)
