@@ -131,8 +131,10 @@ def create_app(settings: Settings | None = None, metrics: ServiceMetrics | None 
         app.include_router(router)
     app.mount(docs.ASSETS_URL, docs.assets(), name="docs-assets")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    # the last added is the outermost; innermost, a session's pieces take their fast path without the router
-    app.add_middleware(FastPathAtTheDoor, route=sessions.PIECE_ROUTE, handlers=app.exception_handlers)
+    # the last added is the outermost; innermost, a session's pieces take their fast path without the router (with
+    # FastAPI's OpenTelemetry on, through it: the router names a request's route on its span)
+    if not settings.opentelemetry:
+        app.add_middleware(FastPathAtTheDoor, route=sessions.PIECE_ROUTE, handlers=app.exception_handlers)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
                        read_timeout_seconds=settings.request_read_timeout_seconds)
     if settings.gzip_minimum_bytes > 0:  # never text/event-stream, nor a session piece's answer
