@@ -44,8 +44,8 @@ class ReplicaReadiness:
 
 
 async def readiness(store: StateStore, registry: ModelRegistry | None, shutdown: Shutdown) -> ReplicaReadiness:
-    """Where the replica stands now: one write round trip to Redis, the rest from memory. ``registry``: None while
-    the models are not loaded yet."""
+    """Where the replica stands now: one write round trip to Redis, the rest from memory. ``registry``: None before
+    the app's startup made it."""
     warnings: list[str] = []
     try:
         warnings = await store.check_writable()
