@@ -158,9 +158,14 @@ class FastPathAtTheDoor:
     """
 
     def __init__(self, app: ASGIApp, route: JSONBodyRoute, handlers: Mapping[Any, Any]) -> None:
+        """``handlers``: the app's exception handlers (FastAPI.exception_handlers), complete when Starlette builds the
+        middleware, at the first request. Those of Starlette's exception middleware are kept: by class, less the
+        handler of every exception, which Starlette's server error middleware, further out, calls and then lets the
+        error go on up, to be logged with its traceback."""
         self.app, self.route = app, route
         self.fast: FastPath = route.endpoint.fast_path  # type: ignore[attr-defined]
-        self.handlers = handlers  # the app's exception handlers, by class (FastAPI.exception_handlers)
+        self.handlers = {kind: handler for kind, handler in handlers.items()
+                         if isinstance(kind, type) and kind is not Exception}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -175,7 +180,8 @@ class FastPathAtTheDoor:
         try:
             answer = await take_fast_path(request, self.fast)
         except Exception as error:
-            handler = handler_of(error, self.handlers)
+            # the handler Starlette's exception middleware would pick: the one of the error's nearest class
+            handler = next((self.handlers[kind] for kind in type(error).__mro__ if kind in self.handlers), None)
             if handler is None:
                 raise
             answer = await handler(request, error)
@@ -184,18 +190,6 @@ class FastPathAtTheDoor:
             await self.app(scope, replaying(await request.body(), receive), send)
             return
         await answer(scope, receive, send)
-
-
-def handler_of(error: Exception, handlers: Mapping[Any, Any]) -> Any:
-    """The app's handler for ``error``, as Starlette's exception middleware finds it (by the error's classes, nearest
-    first); None for an error only the handler of every exception takes (Starlette's server error middleware, further
-    out, calls that one, then lets the error go on up to be logged with its traceback)."""
-    for kind in type(error).__mro__:
-        if kind is Exception:
-            return None
-        if kind in handlers:
-            return handlers[kind]
-    return None
 
 
 # ---- what a fast path takes: bodies of exactly the plain types ------------------------------------------------
