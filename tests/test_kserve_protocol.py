@@ -58,8 +58,8 @@ def test_tritonclient_reads_what_the_codec_writes():
     answer = InferAnswer("rsa", "1", [Tensor("FORECAST", "FP64", (3, 2), forecast),
                                       Tensor("VARIABLES", "BYTES", (2,), [b"HUFL", "OT\u00e9".encode()]),
                                       Tensor("READY", "BOOL", (1,), np.array([True]))],
-                         id="9", parameters={"replayed": False}, binary={"FORECAST", "VARIABLES"})
-    body, length = write_answer(answer)
+                         id="9", parameters={"replayed": False})
+    body, length = write_answer(answer, binary={"FORECAST", "VARIABLES"})
     result = httpclient.InferResult.from_response_body(body, header_length=length)
     assert np.array_equal(result.as_numpy("FORECAST"), forecast)
     assert result.as_numpy("VARIABLES").tolist() == [b"HUFL", "OT\u00e9".encode()]
@@ -69,6 +69,27 @@ def test_tritonclient_reads_what_the_codec_writes():
     assert [o.name for o in response.outputs] == ["FORECAST", "VARIABLES", "READY"]
     assert np.frombuffer(response.raw_output_contents[0], "<f8").tolist() == forecast.ravel().tolist()
     assert bytes_elements(response.raw_output_contents[1], "VARIABLES") == [b"HUFL", "OT\u00e9".encode()]
+
+
+def test_each_grpc_answer_has_its_own_outputs():
+    """Answers with the same outputs' names and shapes share the heads they are merged from, never the messages:
+    each holds its own outputs, data and parameters, in order."""
+    def answer(seq: int, rows: int) -> InferAnswer:
+        return InferAnswer("rsa", "1", [Tensor("FORECAST", "FP64", (rows, 1), np.full((rows, 1), float(seq))),
+                                        Tensor("ROWS_SEEN", "INT64", (1,), np.array([seq]))],
+                           id=str(seq), parameters={"sequence_seq": seq, "replayed": False, "session_id": "v2x"})
+
+    first = protobuf.infer_response(answer(1, 2))
+    first.outputs[0].name = "CHANGED"  # a caller may change its answer: the next one is not
+    first.outputs[0].shape.append(9)
+    second, third = protobuf.infer_response(answer(2, 2)), protobuf.infer_response(answer(3, 3))
+    assert [(o.name, o.datatype, list(o.shape)) for o in second.outputs] == [("FORECAST", "FP64", [2, 1]),
+                                                                            ("ROWS_SEEN", "INT64", [1])]
+    assert [list(o.shape) for o in third.outputs] == [[3, 1], [1]]
+    assert np.frombuffer(second.raw_output_contents[0], "<f8").tolist() == [2.0, 2.0]
+    assert np.frombuffer(third.raw_output_contents[1], "<i8").tolist() == [3]
+    assert (second.id, second.parameters["sequence_seq"].int64_param, second.parameters["replayed"].bool_param,
+            second.parameters["session_id"].string_param) == ("2", 2, False, "v2x")
 
 
 BYTES_HEADER = b'{"inputs": [{"name": "X", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}]}'

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from service.errors import check_rows, check_text
 from service.kserve.sequences import SequenceControl, Sequences
 from service.kserve.signature import Signature
-from service.kserve.tensors import InferAnswer, InferRequest, binary_outputs
+from service.kserve.tensors import InferAnswer, InferRequest
 from service.runtime.pipeline import InputError, run_whole
 from service.runtime.registry import LoadedModel, ModelRegistry, UnknownModel
 from service.schemas import FinishRequest
@@ -165,8 +165,7 @@ class Inference:
             result, parameters = step.result, step.parameters()
             parameters |= {"sequence_id": control.id, "sequence_start": control.start, "sequence_end": control.end}
         outputs = signature.outputs_of(result, request.outputs)
-        return InferAnswer(model.name, model.version, outputs, request.id, parameters,
-                           binary_outputs(request, (tensor.name for tensor in outputs)))
+        return InferAnswer(model.name, model.version, outputs, request.id, parameters)
 
     def _check(self, piece: str | np.ndarray, document: bool) -> None:
         if isinstance(piece, str):

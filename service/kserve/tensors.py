@@ -84,7 +84,6 @@ class InferAnswer:
     outputs: list[Tensor]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
-    binary: set[str] = field(default_factory=set)  # the outputs to send raw (HTTP)
 
 
 # ---- reading -----------------------------------------------------------------------------------------------------
@@ -313,13 +312,14 @@ def json_data(tensor: Tensor) -> list[Any]:
     return tensor.data.ravel().tolist()
 
 
-def write_answer(answer: InferAnswer) -> tuple[bytes, int | None]:
-    """The HTTP body of an answer, and the length of its JSON header when raw outputs follow it (else None)."""
+def write_answer(answer: InferAnswer, binary: set[str]) -> tuple[bytes, int | None]:
+    """The HTTP body of an answer, its outputs ``binary`` raw (:func:`binary_outputs`), and the length of its JSON
+    header when raw outputs follow it (else None)."""
     outputs: list[dict[str, Any]] = []
     raw: list[bytes] = []
     for tensor in answer.outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
-        if tensor.name in answer.binary:
+        if tensor.name in binary:
             data = raw_bytes(tensor)
             entry["parameters"] = {"binary_data_size": len(data)}
             raw.append(data)

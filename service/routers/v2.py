@@ -26,7 +26,7 @@ from service.kserve.schemas import (
     ServerMetadata,
     V2Error,
 )
-from service.kserve.tensors import inflate, read_request, write_answer
+from service.kserve.tensors import binary_outputs, inflate, read_request, write_answer
 from service.readiness import readiness
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -127,7 +127,7 @@ async def _infer(request: Request, model_name: str, model_version: str) -> Respo
     decoded = read_request(body, request.headers.get("inference-header-content-length"))
     quota = quota_of(settings, owner, request.client.host if request.client else None)
     answer = await inference.infer(model, decoded, owner, quota)
-    content, header_length = write_answer(answer)
+    content, header_length = write_answer(answer, binary_outputs(decoded, (tensor.name for tensor in answer.outputs)))
     if header_length is None:
         return Response(content, media_type="application/json")
     return Response(content, media_type="application/octet-stream",
