@@ -5,6 +5,8 @@ apart per key, and a session created again under its id is a new incarnation tha
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,16 +17,19 @@ from tritonclient.http._utils import _get_inference_request
 from models.families import families
 from service.kserve import protobuf
 from service.kserve.sequences import SequenceControl, session_id_of
-from service.kserve.signature import specs_of_field, tensors_of_value
+from service.kserve.signature import Signature, specs_of_field, tensors_of_value
 from service.kserve.tensors import (
     InferAnswer,
     Tensor,
     UnreadableBody,
     bytes_elements,
+    json_data,
+    raw_bytes,
     read_request,
     write_answer,
 )
 from service.runtime.pipeline import InputError
+from service.schemas import ForecastFinish
 
 
 def client_request(binary: bool):
@@ -213,3 +218,29 @@ def test_a_grpc_inference_that_redis_failed_says_what_a_retry_of_it_does():
                                              {"method": "GRPC", "route": SimpleNamespace(path=route)})
         assert status == 503 and headers == {"Retry-After": "1"}
         assert body["detail"].endswith(KSERVE_RETRY), body
+
+
+def test_outputs_that_repeat_from_answer_to_answer_are_written_once_and_stay_right():
+    """A forecast's columns and horizon repeat in every answer and are written once; every answer still carries its
+    own values: a count that changes, a forecast, columns that differ."""
+    model = SimpleNamespace(name="rsa", pipeline=SimpleNamespace(input_kind="rows", row_width=2),
+                            family=SimpleNamespace(part=lambda part: ForecastFinish))
+    signature = Signature(model)
+
+    def outputs(rows_seen: int, variables: list[str], forecast: np.ndarray | None) -> dict[str, Any]:
+        answer = {"forecast": forecast, "horizon": 3, "variables": variables, "rows_seen": rows_seen,
+                  "rows_needed": max(0, 4 - rows_seen)}
+        return {tensor.name: tensor for tensor in signature.outputs_of(answer, None)}
+
+    first, second = outputs(2, ["HUFL", "OT"], None), outputs(6, ["HUFL", "OT"], np.ones((3, 2)))
+    assert first["VARIABLES"] is second["VARIABLES"] and first["HORIZON"] is second["HORIZON"]  # written once
+    assert bytes_elements(second["VARIABLES"].raw, "VARIABLES") == [b"HUFL", b"OT"]
+    assert [np.frombuffer(raw_bytes(second[name]), "<i8").tolist() for name in ("ROWS_SEEN", "ROWS_NEEDED")] == [
+        [6], [0]]
+    assert np.frombuffer(raw_bytes(first["ROWS_SEEN"]), "<i8").tolist() == [2]
+    assert np.frombuffer(raw_bytes(second["FORECAST"]), "<f8").tolist() == [1.0] * 6
+    assert first["FORECAST"].shape[0] == 0
+    other = outputs(6, ["OT", "HUFL"], np.ones((3, 2)))
+    assert json_data(other["VARIABLES"]) == ["OT", "HUFL"] and json_data(second["VARIABLES"]) == ["HUFL", "OT"]
+    assert signature.outputs_of({"rows_seen": 1}, None)[0].datatype == "INT64"
+    assert signature.outputs_of({"rows_seen": True}, None)[0].datatype == "BOOL"  # True is not the count 1

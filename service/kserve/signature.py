@@ -17,6 +17,7 @@ family's answer schema, so that no family needs a line here.
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from dataclasses import dataclass
@@ -26,13 +27,14 @@ import numpy as np
 import orjson
 from pydantic import BaseModel
 
-from service.kserve.tensors import BYTES, InferRequest, RequestedOutput, Tensor
+from service.kserve.tensors import BYTES, InferRequest, RequestedOutput, Tensor, raw_bytes
 from service.runtime.pipeline import InputError
 from service.runtime.registry import LoadedModel
 
 INPUTS = {"text": "TEXT", "rows": "ROWS"}  # the input tensor of each pipeline input kind
 KEYS = "_KEYS"  # the suffix of a mapping's keys output
 NOT_OUTPUTS = ("model", "session")  # fields of a finish answer that are not results
+SHORT = 64  # a text or list of texts no longer than this may repeat from answer to answer (a label, columns' names)
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,14 @@ class Signature:
         self.outputs = [spec for name, info in schema.model_fields.items() if name not in NOT_OUTPUTS
                         for spec in specs_of_field(name, info.annotation)]
         self.by_name = {spec.name: spec for spec in self.outputs}
+        self._repeated = functools.lru_cache(maxsize=4096, typed=True)(self._written)
+
+    def _written(self, field: str, value: Any) -> tuple[Tensor, ...]:
+        """The outputs of a field's plain value (a number, a text, a tuple of texts), their raw data written once:
+        kept (:attr:`_repeated`) for the answers that repeat it."""
+        plain = list(value) if type(value) is tuple else value
+        return tuple(Tensor(t.name, t.datatype, t.shape, t.data, raw_bytes(t))
+                     for t in tensors_of_value(field, plain, self.by_name.get(field.upper())))
 
     # ---- what the model takes ------------------------------------------------------------------------------------
     def piece(self, request: InferRequest) -> str | np.ndarray:
@@ -194,7 +204,17 @@ class Signature:
         :meth:`check_outputs`; one the answer lacks, as a summary before the end: no element)."""
         tensors: dict[str, Tensor] = {}
         for field, value in result.items():
-            for tensor in tensors_of_value(field, value, self.by_name.get(field.upper())):
+            kind = type(value)
+            if kind is int or kind is bool or (kind is str and len(value) <= SHORT):  # a count, a label: repeated
+                made = self._repeated(field, value)
+            elif kind is list and 0 < len(value) <= SHORT and type(value[0]) is str:  # names (a forecast's columns)
+                try:
+                    made = self._repeated(field, tuple(value))
+                except TypeError:  # an element not hashable: not a list of names
+                    made = tensors_of_value(field, value, self.by_name.get(field.upper()))
+            else:
+                made = tensors_of_value(field, value, self.by_name.get(field.upper()))
+            for tensor in made:
                 tensors[tensor.name] = tensor
         if requested is None:
             return list(tensors.values())

@@ -58,6 +58,7 @@ class Tensor:
     datatype: str
     shape: tuple[int, ...]
     data: np.ndarray | list[bytes]
+    raw: bytes | None = None  # ``data`` in the raw layout, where written once for many answers (:func:`raw_bytes`)
 
 
 @dataclass
@@ -296,6 +297,8 @@ def _check_count(got: int, count: int, name: str, shape: tuple[int, ...]) -> Non
 # ---- writing -----------------------------------------------------------------------------------------------------
 def raw_bytes(tensor: Tensor) -> bytes:
     """The tensor's data in the raw layout (binary extension, gRPC's raw contents)."""
+    if tensor.raw is not None:
+        return tensor.raw
     if tensor.datatype == BYTES:
         assert isinstance(tensor.data, list)
         return b"".join(len(element).to_bytes(4, "little") + element for element in tensor.data)
