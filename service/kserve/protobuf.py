@@ -54,11 +54,10 @@ PARAMETER_FIELDS = {bool: "bool_param", int: "int64_param", float: "double_param
 def set_parameters(target: Any, parameters: dict[str, Any]) -> None:
     """Each of ``parameters`` into the protobuf parameter map ``target``, in the field of its value's kind."""
     for key, value in parameters.items():
-        field = PARAMETER_FIELDS.get(type(value))  # a plain value's at once; a subclass's by isinstance; else text
-        if field is None:
-            field = next((PARAMETER_FIELDS[kind] for kind in (bool, int, float) if isinstance(value, kind)), None)
-            if field is None:
-                field, value = "string_param", str(value)
+        field = PARAMETER_FIELDS.get(type(value)) or next(  # a plain value's at once; a subclass's by isinstance
+            (name for kind, name in PARAMETER_FIELDS.items() if isinstance(value, kind)), None)
+        if field is None:  # anything else: its text
+            field, value = "string_param", str(value)
         setattr(target[key], field, value)
 
 

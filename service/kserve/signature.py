@@ -155,9 +155,22 @@ class Signature:
     def _written(self, field: str, value: Any) -> tuple[Tensor, ...]:
         """The outputs of a field's plain value (a number, a text, a tuple of texts), their raw data written once:
         kept (:attr:`_repeated`) for the answers that repeat it."""
-        plain = list(value) if type(value) is tuple else value
-        return tuple(Tensor(t.name, t.datatype, t.shape, t.data, raw_bytes(t))
-                     for t in tensors_of_value(field, plain, self.by_name.get(field.upper())))
+        made = tensors_of_value(field, list(value) if type(value) is tuple else value, self.by_name.get(field.upper()))
+        for tensor in made:
+            tensor.raw = raw_bytes(tensor)
+        return tuple(made)
+
+    def _kept(self, field: str, value: Any) -> tuple[Tensor, ...] | None:
+        """The outputs of a value answers repeat (a count, a label, a forecast's columns), kept; None for another."""
+        kind = type(value)
+        if kind is int or kind is bool or (kind is str and len(value) <= SHORT):
+            return self._repeated(field, value)
+        if kind is list and 0 < len(value) <= SHORT and type(value[0]) is str:
+            try:
+                return self._repeated(field, tuple(value))
+            except TypeError:  # an element not hashable: not a list of names
+                return None
+        return None
 
     # ---- what the model takes ------------------------------------------------------------------------------------
     def piece(self, request: InferRequest) -> str | np.ndarray:
@@ -204,15 +217,8 @@ class Signature:
         :meth:`check_outputs`; one the answer lacks, as a summary before the end: no element)."""
         tensors: dict[str, Tensor] = {}
         for field, value in result.items():
-            kind = type(value)
-            if kind is int or kind is bool or (kind is str and len(value) <= SHORT):  # a count, a label: repeated
-                made = self._repeated(field, value)
-            elif kind is list and 0 < len(value) <= SHORT and type(value[0]) is str:  # names (a forecast's columns)
-                try:
-                    made = self._repeated(field, tuple(value))
-                except TypeError:  # an element not hashable: not a list of names
-                    made = tensors_of_value(field, value, self.by_name.get(field.upper()))
-            else:
+            made = self._kept(field, value)
+            if made is None:
                 made = tensors_of_value(field, value, self.by_name.get(field.upper()))
             for tensor in made:
                 tensors[tensor.name] = tensor
