@@ -13,13 +13,20 @@ has a batch axis (``max_batch_size`` 32) that perf_analyzer adds itself.
 
 Per server and concurrency: pieces/s (perf_analyzer's stable windows), p50 and p99 latency, and the CPU per piece of
 the server (its whole process tree, with rtserve's Redis; Triton with its backend stub) and of the client
-(perf_analyzer), over the whole run, divided by the pieces the server counted (its statistics extension). What each
-server does per piece that the other does not: :data:`loadtest.scenarios.triton.PER_PIECE`.
+(perf_analyzer), over the whole run, divided by the pieces the server counted (its statistics extension); the rows
+each step ran (Triton: its statistics' inferences over executions; rtserve: ``rtserve_batch_size`` in its metrics);
+and rtserve's CPU per piece split: its event loop's thread, and its Redis. What each server does per piece that the
+other does not: :data:`loadtest.scenarios.triton.PER_PIECE`.
 
 With ``--floor`` (gRPC), a third server is driven the same way: the gRPC floor (``benchmarks/grpc_floor.py``),
 grpcio's asyncio server (the API rtserve's gRPC server runs on) answering each streamed request with rtserve's own
 answer to a piece, captured from rtserve in the same run, and doing nothing else. Its CPU per piece is what grpcio and
 protobuf cost in Python before any work, so that rtserve's figure splits into the transport's share and its own.
+With all three, the run ends with **the budget** (:func:`budgets`): what Triton's CPU per piece leaves rtserve once the
+parts no Python server on grpcio's asyncio API can skip are paid: the floor, the step (ONNX Runtime alone, on the
+service's threads, at the rows per step Triton ran, timed in this process after the servers stopped:
+:func:`step_cpu_ms_per_row`) and rtserve's Redis (the durability Triton does not give); beside it, what rtserve spends
+on everything else (the session flow, the protocol's glue, the batching, the metrics).
 
 :func:`find_perf_analyzer` and :func:`run` are what tests/test_kserve_perf_analyzer.py uses too.
 """
@@ -36,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +51,7 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.harness import HOST, Server, free_port, tree_cpu_seconds
 from loadtest.triton.server import TritonServer, find_triton, triton_venv
@@ -114,21 +122,49 @@ def run(analyzer: PerfAnalyzer, model: str, url: str, protocol: str, data: Path,
             - (before.ru_utime + before.ru_stime), "output": done.stdout}
 
 
-def inference_count(base_url: str, model: str, headers: dict[str, str] | None = None) -> int:
-    """The server's count of inferences of ``model`` (KServe v2's statistics extension, both servers)."""
+def inference_count(base_url: str, model: str, headers: dict[str, str] | None = None,
+                    kind: str = "inference_count") -> int:
+    """The server's count of inferences of ``model`` (KServe v2's statistics extension, both servers); with ``kind``
+    ``execution_count``, Triton's count of the model's executions (its batches; rtserve counts requests there)."""
     stats = httpx.get(f"{base_url}/v2/models/{model}/stats", headers=headers, timeout=30).json()
-    return sum(int(entry.get("inference_count", 0)) for entry in stats["model_stats"])
+    return sum(int(entry.get(kind, 0)) for entry in stats["model_stats"])
+
+
+def rtserve_steps(base_url: str, model_ref: str) -> int:
+    """rtserve's count of the steps (batches) its ``step`` graph of ``model_ref`` ran (:func:`steps_in` its
+    metrics)."""
+    return steps_in(httpx.get(f"{base_url}/metrics", timeout=30).text, model_ref)
+
+
+def steps_in(text: str, model_ref: str) -> int:
+    """The steps of ``model_ref``'s ``step`` graph in rtserve's metrics ``text``: ``rtserve_batch_size``'s count."""
+    for family in text_string_to_metric_families(text):
+        if family.name == "rtserve_batch_size":
+            return int(sum(sample.value for sample in family.samples if sample.name.endswith("_count")
+                           and sample.labels.get("model") == model_ref and sample.labels.get("graph") == "step"))
+    return 0
+
+
+def thread_cpu_seconds(pid: int, thread: int) -> float:
+    """CPU seconds (user and system) of one thread of a process, from ``/proc/<pid>/task/<thread>/stat``."""
+    fields = Path(f"/proc/{pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(analyzer: PerfAnalyzer, side: str, model: str, base_url: str, grpc_url: str, data: Path,
             processes: list[psutil.Process], args: argparse.Namespace, concurrency: int,
-            count: Callable[[], int] | None = None) -> dict[str, Any]:
+            count: Callable[[], int] | None = None, steps: Callable[[], int] | None = None,
+            parts: Mapping[str, Callable[[], float]] | None = None) -> dict[str, Any]:
     """One server's row at ``concurrency``. ``count``: the server's count of inferences (default: its statistics
-    over HTTP, :func:`inference_count`)."""
+    over HTTP, :func:`inference_count`); ``steps``: its count of steps run (batches), for the rows per step;
+    ``parts``: named parts of its CPU (seconds so far, each), given per piece."""
     url = grpc_url if args.protocol == "grpc" else base_url.removeprefix("http://")
     count = count or functools.partial(inference_count, base_url, model)
+    parts = parts or {}
     cpu_before = sum(tree_cpu_seconds(process) for process in processes)
+    parts_before = {name: read() for name, read in parts.items()}
     count_before = count()
+    steps_before = steps() if steps is not None else 0
     started = time.monotonic()
     try:
         figures = run(analyzer, model, url, args.protocol, data, concurrency, args.sequence_length,
@@ -140,11 +176,17 @@ def measure(analyzer: PerfAnalyzer, side: str, model: str, base_url: str, grpc_u
     seconds = time.monotonic() - started
     pieces = count() - count_before
     cpu = sum(tree_cpu_seconds(process) for process in processes) - cpu_before
-    return {"server": side, "concurrency": concurrency, "pieces_per_second": round(figures["pieces_per_second"], 1),
-            "p50_ms": figures["p50_us"] / 1000, "p99_ms": figures["p99_us"] / 1000, "pieces": pieces,
-            "server_cpu_ms_per_piece": round(1000 * cpu / max(pieces, 1), 3),
-            "client_cpu_ms_per_piece": round(1000 * figures["client_cpu_seconds"] / max(pieces, 1), 3),
-            "server_cores_busy": round(cpu / seconds, 2)}
+    row = {"server": side, "concurrency": concurrency, "pieces_per_second": round(figures["pieces_per_second"], 1),
+           "p50_ms": figures["p50_us"] / 1000, "p99_ms": figures["p99_us"] / 1000, "pieces": pieces,
+           "server_cpu_ms_per_piece": round(1000 * cpu / max(pieces, 1), 3),
+           "client_cpu_ms_per_piece": round(1000 * figures["client_cpu_seconds"] / max(pieces, 1), 3),
+           "server_cores_busy": round(cpu / seconds, 2)}
+    if steps is not None:
+        row["rows_per_step"] = round(pieces / max(steps() - steps_before, 1), 2)
+    if parts:
+        row["cpu_ms_per_piece_of"] = {name: round(1000 * (read() - parts_before[name]) / max(pieces, 1), 3)
+                                      for name, read in parts.items()}
+    return row
 
 
 def measure_each(concurrencies: list[int], at: Callable[[int], dict[str, Any]], died: str,
@@ -214,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
                 wait_ready(f"http://{HOST}:{port}/v2/health/ready", server)
                 data = write_input_data(work / "rtserve.json", "ROWS", args.rows, width)
                 processes = [psutil.Process(server.process.pid), psutil.Process(redis.pid)]
+                ref = f"{args.model}:{entry.name}"
+                parts = {"event loop": functools.partial(thread_cpu_seconds, server.process.pid, server.process.pid),
+                         "Redis": functools.partial(tree_cpu_seconds, processes[1])}
                 at = functools.partial(measure, analyzer, "rtserve", args.model, server.url, f"{HOST}:{grpc_port}",
-                                       data, processes, args)
+                                       data, processes, args, steps=functools.partial(rtserve_steps, server.url, ref),
+                                       parts=parts)
                 rows += measure_each(concurrencies, at, f"rtserve died; its log: {server.log_path}")
                 if args.floor:
                     capture_answers(f"{HOST}:{grpc_port}", args.model, args.rows, width, work / "captured")
@@ -238,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             servers.append(server := TritonServer(install, work / "triton", [model.name], log_path, grpc=True))
             wait_ready(f"{server.url}/v2/models/{model.name}/ready", server)
             return functools.partial(measure, analyzer, "triton", model.name, server.url, server.grpc_url, data,
-                                     [psutil.Process(server.process.pid)], args)
+                                     [psutil.Process(server.process.pid)], args,
+                                     steps=functools.partial(inference_count, server.url, model.name,
+                                                             kind="execution_count"))
 
         try:
             rows += measure_each(concurrencies, start_triton(), f"tritonserver died; its logs: {work}/tritonserver-*",
@@ -247,9 +295,76 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers:
                 server.stop()
     print_table(rows, args)
+    found = budgets(rows, lambda batch: step_cpu_ms_per_row(entry, manifest, batch, args.rows))
+    print_budgets(found)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps({"rows": rows, "budgets": found}, indent=1))
     return 0
+
+
+def step_cpu_ms_per_row(entry: Path, manifest: Mapping[str, Any], batch: int, rows: int, runs: int = 200) -> float:
+    """CPU milliseconds per row of the entry's ``step`` graph alone at ``batch`` rows, as the service loads it (its
+    backend and threads: ``load_backends``; Triton's side loads it alike): the state the entry starts from, pieces of
+    ``rows`` values around 10 per row; this process's CPU time (the graph's threads included) over ``runs`` calls
+    after a warm-up, best of three."""
+    from service.runtime.backends import load_backends
+    from service.runtime.pipeline import load_initial_state
+
+    graph = next(g for g in manifest["graphs"] if g["name"] == "step")
+    step = load_backends(entry, manifest, "onnx")["step"]
+    state = load_initial_state(entry)
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for spec in graph["inputs"]:
+        if spec["name"] in state:
+            inputs[spec["name"]] = np.repeat(state[spec["name"]], batch, axis=0)
+        else:  # a piece's tensor: (batch, rows, columns)
+            shape = [batch if axis == "batch" else rows if isinstance(axis, str) else axis for axis in spec["shape"]]
+            inputs[spec["name"]] = (rng.standard_normal(shape) * 3 + 10).astype(spec["dtype"])
+    for _ in range(10):
+        step.run(inputs)
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        for _ in range(runs):
+            step.run(inputs)
+        best = min(best, time.process_time() - started)
+    return 1000 * best / runs / batch
+
+
+def budgets(rows: list[dict[str, Any]], step_ms_per_row: Callable[[int], float]) -> list[dict[str, Any]]:
+    """Per concurrency where rtserve, the floor and Triton all have a row: what Triton's CPU per piece leaves rtserve
+    once the floor, the step (at Triton's rows per step: ``step_ms_per_row(batch)``) and rtserve's Redis are paid,
+    against what rtserve spends beyond those same parts (module docstring). In ms per piece."""
+    found = []
+    for concurrency in sorted({row["concurrency"] for row in rows}):
+        side = {row["server"]: row for row in rows if row["concurrency"] == concurrency and "error" not in row}
+        if not {"rtserve", "grpc-floor", "triton"} <= side.keys() or "rows_per_step" not in side["triton"]:
+            continue
+        batch = max(1, round(side["triton"]["rows_per_step"]))
+        step = step_ms_per_row(batch)
+        redis = side["rtserve"].get("cpu_ms_per_piece_of", {}).get("Redis", 0.0)
+        paid = side["grpc-floor"]["server_cpu_ms_per_piece"] + step + redis
+        triton, rtserve = side["triton"]["server_cpu_ms_per_piece"], side["rtserve"]["server_cpu_ms_per_piece"]
+        found.append({"concurrency": concurrency, "step_batch": batch, "step_ms": round(step, 3),
+                      "floor_ms": side["grpc-floor"]["server_cpu_ms_per_piece"], "redis_ms": redis,
+                      "paid_ms": round(paid, 3), "triton_ms": triton, "left_by_triton_ms": round(triton - paid, 3),
+                      "rtserve_beyond_ms": round(rtserve - paid, 3)})
+    return found
+
+
+def print_budgets(found: list[dict[str, Any]]) -> None:
+    if not found:
+        return
+    print("\nThe budget: what Triton's CPU per piece leaves rtserve once the floor (grpcio's asyncio server doing "
+          "nothing), the step alone (at Triton's rows per step) and rtserve's Redis are paid, ms per piece:")
+    print("| concurrency | floor | step (rows) | Redis | paid | Triton | left for rtserve's own work "
+          "| rtserve spends there |")
+    print("|---|---|---|---|---|---|---|---|")
+    for entry in found:
+        print(f"| {entry['concurrency']} | {entry['floor_ms']} | {entry['step_ms']} ({entry['step_batch']}) | "
+              f"{entry['redis_ms']} | {entry['paid_ms']} | {entry['triton_ms']} | {entry['left_by_triton_ms']} | "
+              f"{entry['rtserve_beyond_ms']} |")
 
 
 def sequence_request(model: str, input_name: str, rows: np.ndarray, sequence_id: int, index: int, length: int) -> Any:
@@ -341,17 +456,20 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\nperf_analyzer, {args.protocol}{' --streaming' if args.protocol == 'grpc' else ''}, sequences of "
           f"{args.sequence_length} pieces of {args.rows} rows, {os.cpu_count()} cores shared by both servers and "
           "the client:")
-    print("| server | concurrency | pieces/s | p50 ms | p99 ms | server CPU ms/piece | client CPU ms/piece |")
-    print("|---|---|---|---|---|---|---|")
+    print("| server | concurrency | pieces/s | p50 ms | p99 ms | server CPU ms/piece | of it | client CPU ms/piece "
+          "| rows/step |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         if "error" in row:
             died = '' if row['server_alive'] else ' (the server died)'
             print(f"| {row['server']} | {row['concurrency']} | failed{died}"
-                  " | | | | |")
+                  " | | | | | | |")
             continue
         again = " (a fresh server: the first try crashed it)" if row.get("crashed_first") else ""
+        parts = ", ".join(f"{name} {ms}" for name, ms in row.get("cpu_ms_per_piece_of", {}).items())
         print(f"| {row['server']} | {row['concurrency']}{again} | {row['pieces_per_second']} | {row['p50_ms']:.2f} | "
-              f"{row['p99_ms']:.2f} | {row['server_cpu_ms_per_piece']} | {row['client_cpu_ms_per_piece']} |")
+              f"{row['p99_ms']:.2f} | {row['server_cpu_ms_per_piece']} | {parts} | {row['client_cpu_ms_per_piece']} "
+              f"| {row.get('rows_per_step', '')} |")
 
 
 if __name__ == "__main__":

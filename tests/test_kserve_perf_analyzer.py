@@ -5,8 +5,11 @@ or ../shared/peers/triton/setup.sh: /tmp/trv; or RTSERVE_BENCH_TRITON_VENV)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -20,14 +23,20 @@ from loadtest.harness import Server
 from loadtest.perf_analyzer import (
     GRPC_FLOOR,
     PerfAnalyzer,
+    budgets,
     capture_answers,
     find_perf_analyzer,
     grpc_inference_count,
     inference_count,
     measure_each,
+    rtserve_steps,
     run,
+    step_cpu_ms_per_row,
+    steps_in,
+    thread_cpu_seconds,
     write_input_data,
 )
+from service.metrics import ServiceMetrics
 from tests.service_helpers import start_rtserve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +71,7 @@ def test_perf_analyzer_runs_sequences_against_rtserve_over_grpc_and_http(analyze
             assert figures["pieces_per_second"] > 0, figures["output"]
             assert inference_count(base, "rsa-tiny") > before
             assert "Failed" not in figures["output"] and "error" not in figures["output"].lower(), figures["output"]
+        assert 0 < rtserve_steps(base, "rsa-tiny:1") <= inference_count(base, "rsa-tiny")  # batches, of pieces
         sessions = httpx.get(f"{base}/metrics").text
         assert 'route="/inference.GRPCInferenceService/ModelStreamInfer"' in sessions
         assert 'route="/v2/models/{model_name}/infer"' in sessions
@@ -133,3 +143,52 @@ def test_a_server_that_dies_under_a_concurrency_is_started_afresh_and_tried_ther
     assert measure_each([1, 2], lambda c: dead, "died") == [dead]  # without a restart, the last row
     again = measure_each([1, 2], lambda c: dead, "died", restart=lambda: lambda c: dead)
     assert again == [dead | {"crashed_first": True}]  # the fresh server died too: the last row
+
+
+def test_rows_per_step_come_from_the_batch_size_histogram_of_the_models_step_graph():
+    metrics = ServiceMetrics(collect_gpu=False)
+    for rows in (3, 5):
+        metrics.observe_batch("rsa-tiny:1", "onnx", "step", rows, 0.001, [0.0] * rows)
+    metrics.observe_batch("rsa-tiny:1", "onnx", "encoder", 4, 0.001, [0.0] * 4)  # another graph
+    metrics.observe_batch("rmt-tiny:1", "onnx", "step", 2, 0.001, [0.0] * 2)  # another model
+    text = metrics.exposition().decode()
+    assert steps_in(text, "rsa-tiny:1") == 2
+    assert steps_in(text, "rsa-tiny:2") == 0
+
+
+def test_a_threads_cpu_is_read_apart_from_the_others():
+    this = threading.get_native_id()
+    before = thread_cpu_seconds(os.getpid(), this)
+    started = time.process_time()
+    while time.process_time() - started < 0.3:  # busy on this thread only
+        pass
+    assert thread_cpu_seconds(os.getpid(), this) - before >= 0.2
+
+
+def test_the_step_alone_is_timed_on_the_entrys_own_state_and_threads(forecast_repository):
+    entry = forecast_repository[0] / "rsa-tiny" / "1"
+    manifest = json.loads((entry / "manifest.json").read_text())
+    one, eight = (step_cpu_ms_per_row(entry, manifest, batch, rows=6, runs=20) for batch in (1, 8))
+    assert 0 < one < 50 and 0 < eight < 50
+    assert eight < one  # rows share a step's fixed cost
+
+
+def test_the_budget_is_what_tritons_piece_leaves_once_the_floor_the_step_and_redis_are_paid():
+    def row(server: str, concurrency: int, cpu: float, **more: object) -> dict:
+        return {"server": server, "concurrency": concurrency, "server_cpu_ms_per_piece": cpu, **more}
+
+    rows = [row("rtserve", 16, 0.70, rows_per_step=8.5, cpu_ms_per_piece_of={"event loop": 0.35, "Redis": 0.04}),
+            row("grpc-floor", 16, 0.08), row("triton", 16, 0.32, rows_per_step=8.6),
+            row("rtserve", 32, 0.68, cpu_ms_per_piece_of={"Redis": 0.05}), row("grpc-floor", 32, 0.07),
+            {"server": "triton", "concurrency": 32, "error": "crashed", "server_alive": False}]
+    asked = []
+
+    def step(batch: int) -> float:
+        asked.append(batch)
+        return 0.17
+
+    (budget,) = budgets(rows, step)  # at 32 Triton has no figures: no budget there
+    assert asked == [9]  # the step timed at Triton's rows per step
+    assert budget["paid_ms"] == pytest.approx(0.08 + 0.17 + 0.04)
+    assert budget["left_by_triton_ms"] == pytest.approx(0.32 - 0.29)
+    assert budget["rtserve_beyond_ms"] == pytest.approx(0.70 - 0.29)
