@@ -43,15 +43,12 @@ class ReplicaReadiness:
         return ""
 
 
-async def readiness(store: StateStore, registry: ModelRegistry | None, shutdown: Shutdown) -> ReplicaReadiness:
-    """Where the replica stands now: one write round trip to Redis, the rest from memory. ``registry``: None before
-    the app's startup made it."""
+async def readiness(store: StateStore, registry: ModelRegistry, shutdown: Shutdown) -> ReplicaReadiness:
+    """Where the replica stands now: one write round trip to Redis, the rest from memory."""
     warnings: list[str] = []
     try:
         warnings = await store.check_writable()
         redis = "ok"
     except StateStoreUnavailable as error:
         redis = str(error)
-    loaded = registry.loaded_count() if registry is not None else 0
-    expected = registry.expected_count() if registry is not None else 0
-    return ReplicaReadiness(redis, loaded, expected, shutdown.draining, warnings)
+    return ReplicaReadiness(redis, registry.loaded_count(), registry.expected_count(), shutdown.draining, warnings)

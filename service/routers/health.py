@@ -50,7 +50,7 @@ async def healthz() -> Health:
 )
 async def readyz(request: Request, response: Response) -> Readiness:
     state = request.app.state
-    now = await readiness(state.store, getattr(state, "registry", None), state.shutdown)
+    now = await readiness(state.store, state.registry, state.shutdown)
     if not now.ready:
         response.status_code = 503
         response.headers["Retry-After"] = "1"
