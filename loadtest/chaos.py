@@ -263,6 +263,8 @@ class Forwarder:
         self._joined.add(this)
         try:
             await self._forward(from_client, to_client)
+        except asyncio.CancelledError:  # the forwarder stops: this connection ends quietly (Python 3.11's stream
+            pass  # server reports a cancelled connection task as an error, with its traceback, where 3.12 does not)
         finally:
             self._joined.discard(this)
 

@@ -183,3 +183,32 @@ async def test_http_pieces_a_stream_and_a_resumed_stream_mix_in_one_session(repl
         await door.stop()
     assert final["session"]["seq"] == 12 and final["session"]["consumed"] == 72
     np.testing.assert_allclose(final["forecast"], whole["forecast"], rtol=1e-5, atol=1e-5)
+
+
+async def test_the_door_stops_quietly_with_connections_open():
+    """Stopping the front door cuts the connections it joined without an error report (Python 3.11's stream server
+    reports a cancelled connection task as "Exception in callback", with a traceback)."""
+    async def replica(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # holds the connection until the door closes it
+        writer.close()
+
+    upstream = await asyncio.start_server(replica, "127.0.0.1", 0)
+    reported: list[dict] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    door = Forwarder(lambda: [f"http://127.0.0.1:{upstream.sockets[0].getsockname()[1]}"])
+    try:
+        await door.start()
+        host, port = door.url.removeprefix("http://").split(":")
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"hello")
+        await writer.drain()
+        while not door.routes:  # joined to the replica
+            await asyncio.sleep(0.01)
+        await door.stop()
+        await asyncio.sleep(0.05)  # the connection tasks' done callbacks run
+        writer.close()
+    finally:
+        loop.set_exception_handler(None)
+        upstream.close()
+    assert reported == []
