@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -135,8 +134,6 @@ def main(argv: Sequence[str]) -> int:
           flush=True)
     from export.exporter import export_checkpoint  # torch: after the line above, which a first run waits for
 
-    # torch's ONNX exporter warns once per torchvision op it cannot register; rtserve uses none
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     for number, (folder, name, formats) in enumerate(plan, start=1):
         step = f"rtserve export: [{number}/{len(plan)}] {name}"
         graphs = ", ".join(formats) if formats else "no graphs (the torch backend reads the checkpoint)"

@@ -72,6 +72,8 @@ def export_onnx(graph: Graph, path: Path, fp16: bool = False) -> None:
     generator = torch.Generator().manual_seed(0)
     sample = graph.sample_inputs(2, generator)
     names = {"input_names": [spec.name for spec in graph.inputs], "output_names": [spec.name for spec in graph.outputs]}
+    # torch's ONNX exporter warns once per torchvision op it cannot register; rtserve uses none
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if graph.onnx_exporter == "dynamo":
