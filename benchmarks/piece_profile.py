@@ -104,11 +104,6 @@ def read_samples(path: Path) -> Counter[str]:
     return layers
 
 
-def main_thread_cpu_seconds(pid: int) -> float:
-    """CPU seconds of the process's first thread, the event loop's (``/proc/<pid>/task/<pid>/schedstat``, ns)."""
-    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
-
-
 async def drive(url: str, task: str, sessions_count: int, repository: Path, data: Path, rounds: int,
                 pid: int, redis_pid: int, spy_out: Path, rate: int,
                 transport: str) -> tuple[Counter[str], float, float, float, int]:
@@ -116,7 +111,7 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
 
     from loadtest import bench_inputs as inputs
     from loadtest.closed_loop import RTSERVE_TRANSPORTS, SessionDriver, Target
-    from loadtest.harness import Client, tree_cpu_seconds
+    from loadtest.harness import Client, thread_cpu_seconds, tree_cpu_seconds
 
     client = Client(url, None, 4, 2.0)
     models = await client.models()
@@ -164,11 +159,11 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
                                 "--format", "raw", "--rate", str(rate), "--output", str(round_out)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         await asyncio.sleep(1.0)  # py-spy attached (an idle event loop holds no GIL: no samples)
-        cpu_before, main_before = tree_cpu_seconds(server), main_thread_cpu_seconds(pid)
+        cpu_before, main_before = tree_cpu_seconds(server), thread_cpu_seconds(pid, pid)
         redis_before = tree_cpu_seconds(redis)
         pieces += await send(drivers)
         cpu += tree_cpu_seconds(server) - cpu_before
-        main += main_thread_cpu_seconds(pid) - main_before
+        main += thread_cpu_seconds(pid, pid) - main_before
         redis_cpu += tree_cpu_seconds(redis) - redis_before
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)

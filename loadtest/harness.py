@@ -65,6 +65,12 @@ def process_cpu_seconds(process: psutil.Process) -> float:
         return times.user + times.system
 
 
+def thread_cpu_seconds(pid: int, thread: int) -> float:
+    """CPU seconds (user + system) of one thread of process ``pid`` (its first, ``pid`` itself, is the event loop's),
+    in nanoseconds from ``/proc/<pid>/task/<thread>/schedstat``."""
+    return int(Path(f"/proc/{pid}/task/{thread}/schedstat").read_text().split()[0]) / 1e9
+
+
 def tree_cpu_seconds(root: psutil.Process) -> float:
     """CPU seconds of ``root`` and its living descendants."""
     total = 0.0

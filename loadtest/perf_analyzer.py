@@ -53,7 +53,7 @@ import numpy as np
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.harness import HOST, Server, free_port, tree_cpu_seconds
+from loadtest.harness import HOST, Server, free_port, thread_cpu_seconds, tree_cpu_seconds
 from loadtest.triton.server import TritonServer, find_triton, triton_venv
 
 GRPC_FLOOR = Path(__file__).resolve().parents[1] / "benchmarks" / "grpc_floor.py"
@@ -143,12 +143,6 @@ def steps_in(text: str, model_ref: str) -> int:
             return int(sum(sample.value for sample in family.samples if sample.name.endswith("_count")
                            and sample.labels.get("model") == model_ref and sample.labels.get("graph") == "step"))
     return 0
-
-
-def thread_cpu_seconds(pid: int, thread: int) -> float:
-    """CPU seconds (user and system) of one thread of a process, from ``/proc/<pid>/task/<thread>/stat``."""
-    fields = Path(f"/proc/{pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(analyzer: PerfAnalyzer, side: str, model: str, base_url: str, grpc_url: str, data: Path,

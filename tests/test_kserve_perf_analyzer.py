@@ -19,7 +19,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from loadtest.chaos import free_port
-from loadtest.harness import Server
+from loadtest.harness import Server, thread_cpu_seconds
 from loadtest.perf_analyzer import (
     GRPC_FLOOR,
     PerfAnalyzer,
@@ -33,7 +33,6 @@ from loadtest.perf_analyzer import (
     run,
     step_cpu_ms_per_row,
     steps_in,
-    thread_cpu_seconds,
     write_input_data,
 )
 from service.metrics import ServiceMetrics
