@@ -47,6 +47,9 @@ def test_plain_piece_takes_what_validation_takes_with_the_same_values_and_nothin
         {"seq": 1, "rows": [[1.0, True]]}, {"seq": 1, "rows": [[1.0, "2"]]}, {"seq": 1, "rows": [1.0]},
         {"seq": 1, "rows": [[FLOAT32_MAX * 2]]}, {"seq": 1, "rows": [[float("nan")]]}, {"seq": 1, "text": 5},
         [1, 2], "text",
+        # no string beside the keys, so read as float64 at once: what holds no number must still be refused
+        {"seq": 1, "rows": [[1.0, None]]}, {"seq": 1, "rows": [[{}]]}, {"seq": 1, "rows": [{}]},
+        {"seq": 1, "rows": [[[1.0]]]}, {"seq": 1, "rows": [[1.0], [2.0, 3.0]]}, {"seq": 1, "rows": [[]] * 2},
     ]
     for body in bodies:
         fast, slow = plain_piece(body, orjson.dumps(body)), validated(body)
@@ -58,9 +61,28 @@ def test_plain_piece_takes_what_validation_takes_with_the_same_values_and_nothin
                 fast = (fast[0], fast[1], fast[2].tolist())
                 assert orjson.dumps(fast[2]) == orjson.dumps(slow[2])  # the same digest
             assert fast == slow, body
+    # a string among the rows is never read as a number, whatever else the body holds
+    for body in ({"seq": 1, "rows": [[1.5, "2"]]}, {"seq": 1, "rows": [["1.5"]]}):
+        assert plain_piece(body, orjson.dumps(body)) is None
+        assert plain_piece(body, orjson.dumps(body).decode()) is None
     # validation takes these too; the fast path leaves them to it (an int sent as 2.0)
     assert plain_piece(body := {"seq": 2.0, "text": "x"}, orjson.dumps(body)) is None
     assert validated({"seq": 2.0, "text": "x"}) == (2, "x", None)
+
+
+def test_one_shot_rows_are_read_as_validation_reads_them_whatever_strings_stand_beside_them():
+    floats = np.random.default_rng().standard_normal((4, 7)).tolist()
+    cases = [({"rows": floats}, floats), ({"rows": floats, "model": "m:1"}, floats),
+             ({"rows": floats, "model": 'a "quoted" name'}, floats), ({"rows": [[1, 2]], "model": "m"}, [[1.0, 2.0]]),
+             ({"rows": [[1.5, "2"]], "model": "m"}, None), ({"rows": [["1.5"]]}, None),
+             ({"rows": [[1.5, None]], "model": "m"}, None), ({"rows": [[{}]]}, None)]
+    for body, expected in cases:
+        raw = orjson.dumps(body)
+        rows = fast_path.plain_rows(body["rows"], raw, 2 * len(body) - 1)  # as the one-shot routes call it
+        if expected is None:
+            assert rows is None, body
+        else:
+            assert rows is not None and rows.dtype == np.float64 and rows.tolist() == expected, body
 
 
 def meta(**fields):

@@ -57,15 +57,17 @@ Endpoint = Callable[..., Any]
 
 
 def one_shot_route(router: APIRouter, path: str, response_model: type[BaseModel], answer: Answer, *, field: str,
-                   plain: Callable[[Any, bytes], Any], **docs: str) -> Callable[[Endpoint], Endpoint]:
+                   plain: Callable[[Any, bytes, int], Any], **docs: str) -> Callable[[Endpoint], Endpoint]:
     """Declare the one-shot route ``path`` (its endpoint: the function decorated), with its errors documented and its
-    fast path: a body of ``field`` and at most a string ``model``, whose ``field`` ``plain`` (of the value and the
-    raw body) takes as validation would (None: it leaves the body to validation), is answered by ``answer``, as
-    ``response_model``'s JSON. ``docs``: the operation's summary and description."""
+    fast path: a body of ``field`` and at most a string ``model``, whose ``field`` ``plain`` (of the value, the raw
+    body and the strings the body holds beside it) takes as validation would (None: it leaves the body to
+    validation), is answered by ``answer``, as ``response_model``'s JSON. ``docs``: the operation's summary and
+    description."""
 
     async def fast(request: Request) -> Response | None:
         body = plain_body(await request.json(), field)
-        value = None if body is None else plain(body[field], await request.body())
+        # the strings beside ``field``: the keys, and a model's name
+        value = None if body is None else plain(body[field], await request.body(), 2 * len(body) - 1)
         if value is None:
             return None
         return answer_json(response_model, await answer(one_shot_call(request), body.get("model"), value))
