@@ -2,6 +2,7 @@
 
     .venv/bin/pip install py-spy
     .venv/bin/python benchmarks/piece_profile.py --task forecast --sessions 32 [--transport stream|binary-stream|http]
+    .venv/bin/python benchmarks/piece_profile.py --profiler perf ...   # by thread and shared object, with Linux perf
 
 The pieces go over HTTP (``POST /sessions/{id}/segments``) or over each session's stream (a WebSocket; rows as JSON
 text or, with ``binary-stream``, as binary frames).
@@ -26,6 +27,12 @@ The lease keeper's samples are counted apart, outside the shares: it renews ever
 clock, whatever the pieces, and most of its samples fall in the second each round's open streams wait, idle, for
 py-spy to attach (on one Intel Xeon 2-core machine 10-17 % of the loop's samples for three or four renewals a round,
 each 0.2 ms of CPU timed alone), which the pieces' CPU does not cover.
+
+With ``--profiler perf``, ``perf record`` samples the service's threads and its Redis on the CPU clock instead (native
+code too: the interpreter, ONNX Runtime, numpy, the kernel), and the table splits the CPU per piece by thread (the
+event loop's, the service's other threads, Redis) and shared object: each row's samples over all of them, times the
+service's and Redis's CPU per piece. It needs Linux ``perf`` and leave to read the processes' counters
+(``kernel.perf_event_paranoid`` at most 2, or root).
 """
 
 from __future__ import annotations
@@ -33,12 +40,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -92,6 +101,29 @@ def layer_of(stack: list[str]) -> str:
     return EVENT_LOOP
 
 
+PERF_ROW = re.compile(r"^\s*(\d+)\s+(\d+):(\S+)\s+(\S.*?)\s*$")  # samples, thread id:command, shared object
+
+
+def read_perf_report(text: str, loop_thread: int, redis_threads: set[int]) -> Counter[tuple[str, str]]:
+    """Samples by (thread, shared object) from ``perf report --sort pid,dso -F sample,pid,dso`` (its ``pid`` is the
+    thread's id): the event loop's thread (``loop_thread``, the process's main thread), Redis (``redis_threads``, its
+    process's threads), the service's other threads."""
+    shares: Counter[tuple[str, str]] = Counter()
+    for line in text.splitlines():
+        row = PERF_ROW.match(line)
+        if row is None or line.lstrip().startswith("#"):
+            continue
+        samples, thread, library = int(row[1]), int(row[2]), row[4]
+        if thread == loop_thread:
+            who = "the event loop's thread"
+        elif thread in redis_threads:
+            who = "Redis"
+        else:
+            who = "the service's other threads (the graph's)"
+        shares[who, library.split(".cpython")[0]] += samples
+    return shares
+
+
 def read_samples(path: Path) -> Counter[str]:
     """The event loop's thread's samples by layer (other threads' stacks start at ``Thread._bootstrap``)."""
     layers: Counter[str] = Counter()
@@ -106,7 +138,7 @@ def read_samples(path: Path) -> Counter[str]:
 
 async def drive(url: str, task: str, sessions_count: int, repository: Path, data: Path, rounds: int,
                 pid: int, redis_pid: int, spy_out: Path, rate: int,
-                transport: str) -> tuple[Counter[str], float, float, float, int]:
+                transport: str, profiler: str = "py-spy") -> tuple[Counter[Any], float, float, float, int]:
     import aiohttp
 
     from loadtest import bench_inputs as inputs
@@ -152,12 +184,17 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
     cpu = main = redis_cpu = 0.0
     pieces = 0
     spy_out.write_text("")
-    for _ in range(rounds):  # each round's sessions and streams opened and closed outside what is measured
+    perf_rows: Counter[tuple[str, str]] = Counter()
+    for round_number in range(rounds):  # each round's sessions and streams opened and closed outside what is measured
         drivers = await open_all()
         round_out = spy_out.with_suffix(".round")
-        spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--gil",
-                                "--format", "raw", "--rate", str(rate), "--output", str(round_out)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if profiler == "perf":
+            command = ["perf", "record", "--freq", str(rate), "--pid", f"{pid},{redis_pid}", "--output",
+                       str(spy_out.with_name(f"perf.{round_number}.data"))]
+        else:
+            command = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--gil",
+                       "--format", "raw", "--rate", str(rate), "--output", str(round_out)]
+        spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         await asyncio.sleep(1.0)  # py-spy attached (an idle event loop holds no GIL: no samples)
         cpu_before, main_before = tree_cpu_seconds(server), thread_cpu_seconds(pid, pid)
         redis_before = tree_cpu_seconds(redis)
@@ -167,11 +204,39 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
         redis_cpu += tree_cpu_seconds(redis) - redis_before
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)
-        with spy_out.open("a") as samples:
-            samples.write(round_out.read_text())
+        if profiler == "perf":
+            report = subprocess.run(["perf", "report", "--input", str(spy_out.with_name(f"perf.{round_number}.data")),
+                                     "--stdio", "--sort", "pid,dso", "--fields", "sample,pid,dso"],
+                                    capture_output=True, text=True, check=True)
+            redis_threads = {thread.id for thread in redis.threads()}
+            perf_rows += read_perf_report(report.stdout, pid, redis_threads)
+        else:
+            with spy_out.open("a") as samples:
+                samples.write(round_out.read_text())
         await asyncio.gather(*(driver.close() for driver in drivers))
     await http.close()
+    if profiler == "perf":
+        return perf_rows, cpu, main, redis_cpu, pieces
     return read_samples(spy_out), cpu, main, redis_cpu, pieces
+
+
+def print_by_thread(rows: Counter[tuple[str, str]], cpu: float, redis_cpu: float, pieces: int, what: str,
+                    folder: Path) -> None:
+    """The CPU per piece of the service and its Redis by thread and shared object (rows under half a percent of the
+    samples summed as "others" per thread)."""
+    total = sum(rows.values())
+    per_piece = 1000 * (cpu + redis_cpu) / pieces
+    print(f"{what}: {pieces} pieces, {1000 * cpu / pieces:.3f} ms of service CPU and {1000 * redis_cpu / pieces:.3f} "
+          f"of Redis's per piece; {total} perf samples ({folder})")
+    print("| thread | shared object | share of the samples | ms per piece |\n|---|---|---|---|")
+    others: Counter[str] = Counter()
+    for (thread, library), count in rows.most_common():
+        if count < total / 200:
+            others[thread] += count
+        else:
+            print(f"| {thread} | {library} | {100 * count / total:.1f} % | {per_piece * count / total:.3f} |")
+    for thread, count in others.most_common():
+        print(f"| {thread} | others | {100 * count / total:.1f} % | {per_piece * count / total:.3f} |")
 
 
 def main() -> None:
@@ -185,8 +250,14 @@ def main() -> None:
     parser.add_argument("--transport", choices=tuple(RTSERVE_TRANSPORTS), default="http",
                         help="pieces as HTTP requests or over each session's stream (rows as JSON or binary frames)")
     parser.add_argument("--rounds", type=int, default=8, help="times every session's pieces are sent")
-    parser.add_argument("--rate", type=int, default=200, help="samples per second per thread")
+    parser.add_argument("--profiler", choices=("py-spy", "perf"), default="py-spy",
+                        help="py-spy: the event loop's Python by layer; perf: every thread by shared object")
+    parser.add_argument("--rate", type=int, default=None,
+                        help="samples per second per thread (default: py-spy 200, perf 999)")
     options = parser.parse_args()
+    if options.profiler == "perf" and shutil.which("perf") is None:
+        parser.error("--profiler perf needs Linux perf on the PATH (Debian: apt install linux-perf)")
+    rate = options.rate or (999 if options.profiler == "perf" else 200)
 
     from loadtest.harness import Server, free_port
     from service.embedded_redis import EmbeddedRedis
@@ -207,10 +278,13 @@ def main() -> None:
             layers, cpu, main, redis_cpu, pieces = asyncio.run(drive(server.url, options.task, options.sessions,
                                                     options.model_repository, options.data, options.rounds,
                                                     server.process.pid, redis.pid, folder / "spy.txt",
-                                                    options.rate,
-                                                    options.transport))
+                                                    rate, options.transport, options.profiler))
         finally:
             server.stop()
+    if options.profiler == "perf":
+        print_by_thread(layers, cpu, redis_cpu, pieces, f"{options.task}, {options.sessions} session(s), "
+                        f"{options.transport}", folder)
+        return
     keeper = layers.pop(KEEPER, 0)
     total = sum(layers.values())
     per_piece, loop = 1000 * cpu / pieces, 1000 * main / pieces

@@ -36,3 +36,31 @@ def test_the_keeper_is_counted_apart_and_a_piece_s_lock_is_its_own_layer(tmp_pat
     layers = profile.read_samples(path)
     assert layers == {profile.KEEPER: 7, "leases (a piece's lock)": 3, "digest": 5,
                       "Redis client (redis-py, hiredis)": 2}
+
+
+PERF_REPORT = """\
+# To display the perf.data header info, please use --header/--header-only options.
+#
+# Samples: 1K of event 'cpu-clock:ppp'
+#
+#       Samples      Pid:Command     Shared Object
+# ............  ...............  ................................
+#
+           563      253:python     libpython3.11.so.1.0
+           410      269:python     onnxruntime_pybind11_state.cpython-311-x86_64-linux-gnu.so
+            45      249:redis-server  redis-server
+            12      250:bio_close_file  [kernel.kallsyms]
+             9      253:python     [kernel.kallsyms]
+"""
+
+
+def test_perf_s_samples_go_to_the_event_loop_the_other_threads_and_redis_by_shared_object():
+    profile = load_profile_script()
+    rows = profile.read_perf_report(PERF_REPORT, loop_thread=253, redis_threads={249, 250})
+    assert rows == {
+        ("the event loop's thread", "libpython3.11.so.1.0"): 563,
+        ("the event loop's thread", "[kernel.kallsyms]"): 9,
+        ("the service's other threads (the graph's)", "onnxruntime_pybind11_state"): 410,
+        ("Redis", "redis-server"): 45,
+        ("Redis", "[kernel.kallsyms]"): 12,  # a thread of Redis's own
+    }
