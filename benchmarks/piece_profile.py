@@ -195,7 +195,7 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
             command = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--gil",
                        "--format", "raw", "--rate", str(rate), "--output", str(round_out)]
         spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        await asyncio.sleep(1.0)  # py-spy attached (an idle event loop holds no GIL: no samples)
+        await asyncio.sleep(1.0)  # the profiler attached (an idle event loop holds no GIL: no py-spy samples)
         cpu_before, main_before = tree_cpu_seconds(server), thread_cpu_seconds(pid, pid)
         redis_before = tree_cpu_seconds(redis)
         pieces += await send(drivers)
@@ -204,6 +204,9 @@ async def drive(url: str, task: str, sessions_count: int, repository: Path, data
         redis_cpu += tree_cpu_seconds(redis) - redis_before
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)
+        if spy.returncode not in (0, -signal.SIGINT):  # it could not attach: say why, not a parser's traceback
+            assert spy.stderr is not None
+            raise SystemExit(f"{command[0]} record failed: {spy.stderr.read().decode(errors='replace')[-1000:]}")
         if profiler == "perf":
             report = subprocess.run(["perf", "report", "--input", str(spy_out.with_name(f"perf.{round_number}.data")),
                                      "--stdio", "--sort", "pid,dso", "--fields", "sample,pid,dso"],
