@@ -119,6 +119,17 @@ class Stopwatch:
 
 
 # ---- the service under test ----------------------------------------------------------------------
+def samples_of(text: str) -> Samples:
+    """A ``/metrics`` page (Prometheus' text format) as :data:`Samples`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.name, frozenset(sample.labels.items())): float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
@@ -232,14 +243,7 @@ class Client:
         return json.loads(await self._ok("GET", "/models"))
 
     async def metrics(self) -> Samples:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = (await self._ok("GET", "/metrics")).decode()
-        return {
-            (sample.name, frozenset(sample.labels.items())): float(sample.value)
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
+        return samples_of((await self._ok("GET", "/metrics")).decode())
 
     async def close(self) -> None:
         await self.http.close()

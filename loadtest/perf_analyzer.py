@@ -51,9 +51,9 @@ from typing import Any
 import httpx
 import numpy as np
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.harness import HOST, Server, free_port, thread_cpu_seconds, tree_cpu_seconds
+from loadtest.harness import HOST, Server, free_port, samples_of, thread_cpu_seconds, tree_cpu_seconds
+from loadtest.metrics import metric_sum
 from loadtest.triton.server import TritonServer, find_triton, triton_venv
 
 GRPC_FLOOR = Path(__file__).resolve().parents[1] / "benchmarks" / "grpc_floor.py"
@@ -138,11 +138,7 @@ def rtserve_steps(base_url: str, model_ref: str) -> int:
 
 def steps_in(text: str, model_ref: str) -> int:
     """The steps of ``model_ref``'s ``step`` graph in rtserve's metrics ``text``: ``rtserve_batch_size``'s count."""
-    for family in text_string_to_metric_families(text):
-        if family.name == "rtserve_batch_size":
-            return int(sum(sample.value for sample in family.samples if sample.name.endswith("_count")
-                           and sample.labels.get("model") == model_ref and sample.labels.get("graph") == "step"))
-    return 0
+    return int(metric_sum(samples_of(text), "rtserve_batch_size_count", model=model_ref, graph="step"))
 
 
 def measure(analyzer: PerfAnalyzer, side: str, model: str, base_url: str, grpc_url: str, data: Path,
