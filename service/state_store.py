@@ -31,11 +31,16 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import HiredisRespSerializer
+from redis.driver_info import DriverInfo
 from redis.exceptions import ClusterDownError, OutOfMemoryError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.loop_lag import LoopLag
+
+# What a connection tells Redis about its client (CLIENT SETINFO), read once: redis-py looks its own version up in the
+# installed packages' metadata for every connection it makes otherwise (0.3 ms of CPU each, half of a new connection's)
+DRIVER_INFO = DriverInfo()
 
 
 class StateStoreUnavailable(RuntimeError):
@@ -109,6 +114,7 @@ class StateStore:
                 socket_connect_timeout=timeout_seconds,
                 decode_responses=False,
                 retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
+                driver_info=DRIVER_INFO,
             )
             return cls(client, url, prefix, cluster=True)
         pool = WaitingConnectionPool.from_url(
@@ -119,6 +125,7 @@ class StateStore:
             socket_connect_timeout=None,  # within the operation's deadline, which leaves out the loop's own lag
             decode_responses=False,
             retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2, supported_errors=(RedisConnectionError,)),
+            driver_info=DRIVER_INFO,
         )
         return cls(aioredis.Redis.from_pool(pool), url, prefix, deadline_seconds=timeout_seconds)
 

@@ -297,6 +297,30 @@ async def test_a_connection_that_fails_to_connect_gives_back_its_place_in_the_po
     await store.close()
 
 
+async def test_a_new_connection_names_its_client_without_looking_its_version_up_again(redis_url: str, monkeypatch):
+    """Every connection the pool makes carries the driver's name and version (what CLIENT SETINFO tells a Redis 7.2+)
+    read once, not redis-py's lookup in the installed packages' metadata per connection (half a new connection's
+    CPU)."""
+    import redis
+    import redis.utils
+
+    store = StateStore.from_url(redis_url, timeout_seconds=5.0, max_connections=8)
+
+    def looked_up() -> str:
+        raise AssertionError("redis-py looked its version up for a new connection")
+
+    monkeypatch.setattr(redis.utils, "get_lib_version", looked_up)
+    pool = store.client.connection_pool
+    connections = [await pool.get_connection() for _ in range(3)]
+    assert {(c.driver_info.formatted_name, c.driver_info.lib_version) for c in connections} == {
+        ("redis-py", redis.__version__)}
+    for connection in connections:
+        await pool.release(connection)
+    async with store.operation():
+        assert await store.client.ping()
+    await store.close()
+
+
 async def test_a_wait_for_a_free_connection_is_not_charged_to_the_operations_deadline(redis_url: str):
     """One connection, four operations that hold it 0.2 s each (Redis ends a blocking pop on its 10 Hz clock: up to
     0.3 s), a 0.5 s deadline: the last waits 0.6 s or more for the connection and still has its whole deadline
