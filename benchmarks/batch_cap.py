@@ -1,6 +1,9 @@
-"""Two largest CPU batches of one model side by side: the service's CPU per piece and pieces/s under each.
+"""Two largest CPU batches of one model, or any two sets of its settings, side by side: the service's CPU per piece and
+pieces/s under each.
 
     .venv/bin/python benchmarks/batch_cap.py [--model rmt-hyperpartisan] [--caps 16,32] [--sessions 32] [--repeats 6]
+    .venv/bin/python benchmarks/batch_cap.py --model rsa-etth1-h24 --settings '{"default": {},
+        "no company wait": {"RTSERVE_MAX_QUEUE_DELAY_MS": "0"}}'      # any two sets of settings, by label
 
 Why: the export caps a heavy graph's CPU batch where a row costs more past it (export/exporter.py ``cpu_batch_cap``),
 from the graph timed alone. This shows what the cap is worth to the service: a piece's CPU includes the hand-offs,
@@ -8,16 +11,21 @@ the commits and the waits that the graph alone does not see. For a forecaster (`
 the other question: whether a smaller batch, splitting the sessions' cohort in two, lets one cohort's step overlap
 the other's trip through the event loop and Redis, and so serves more pieces a second.
 
-Method: one service per cap (``RTSERVE_MODEL_MAX_BATCH_SIZES`` for the model), both started at once on one embedded
-Redis, each under its own key prefix, so that the alternation needs no restart; the idle one costs next to nothing.
+``--settings`` compares two sets of the service's settings instead (environment variables, each set under its
+label; an empty set is the defaults): the caps are one such pair, and the wait for company
+(``RTSERVE_MAX_QUEUE_DELAY_MS``) another.
+
+Method: one service per cap (``RTSERVE_MODEL_MAX_BATCH_SIZES`` for the model) or set of settings, both started at once
+on one embedded Redis, each under its own key prefix, so that the alternation needs no restart; the idle one costs
+next to nothing.
 The bench's closed-loop client (:mod:`loadtest.closed_loop`, 2 processes) sends ``--sessions`` sessions at a time
 over each session's stream to one service, then to the other, ``--repeats`` times, the order swapped every repeat.
 The bench's inputs: RMT, sessions of ``--pieces`` one-segment pieces (Hyperpartisan articles cut into whole
 segments); RSA, ETTh1 rows, the look-back then ``--pieces`` pieces of 24 rows, ``--waves`` sessions after sessions in
 the slots. Server CPU: each service's process tree (its graph's threads included), per piece answered. From each
 service's own ``/metrics`` over the run (``rtserve_batch_size``, ``rtserve_step_duration_seconds``): the mean batch,
-a step's wall time, and the share of the run its graph was stepping. Printed: every run, each cap's medians, and the
-median of the per-repeat ratios of the first cap's CPU per piece to the second's.
+a step's wall time, and the share of the run its graph was stepping. Printed: every run, each side's medians, and the
+median of the per-repeat ratios of the first side's CPU per piece to the second's.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--model", default="rmt-hyperpartisan")
     parser.add_argument("--caps", default="16,32", help="two largest batches, comma-separated")
+    parser.add_argument("--settings", type=json.loads, default=None,
+                        help="two sets of settings to compare instead of caps, as JSON: {label: {RTSERVE_...: value}}")
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--pieces", type=int, default=None,
                         help="pieces per session (RMT: one-segment pieces, default 8; RSA: 24-row pieces after the "
@@ -61,11 +71,9 @@ def main() -> None:
                         help="RSA: sessions after sessions in the slots, per run (default 8; RMT 1)")
     parser.add_argument("--repeats", type=int, default=6)
     options = parser.parse_args()
-    caps = [int(cap) for cap in options.caps.split(",")]
-    if len(caps) != 2:
-        raise SystemExit("--caps takes two batch sizes")
     entry = next((options.model_repository / options.model).glob("*/manifest.json")).parent
     manifest = json.loads((entry / "manifest.json").read_text())
+    sides = sides_to_compare(options.caps, options.settings, manifest["name"])
     ref = f"{manifest['name']}:{manifest['version']}"
     if manifest["task"] == "classify":
         sessions = inputs.classify_sessions(entry, manifest, inputs.hyperpartisan_texts(options.data),
@@ -81,16 +89,16 @@ def main() -> None:
         raise SystemExit(f"{options.model} is neither a classifier nor a forecaster: its pieces are not steps")
     bodies = [session.pieces for session in sessions] * waves
     logs = Path(tempfile.mkdtemp(prefix="rtserve-batch-cap-"))
-    figures: dict[int, list[tuple[float, float]]] = {cap: [] for cap in caps}
+    labels = list(sides)
+    figures: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
     with EmbeddedRedis() as redis:
         servers = {}
-        for cap in caps:
+        for index, (label, settings) in enumerate(sides.items()):
             port = free_port()
-            environment = server_environment(options.model_repository, port, redis.url) | {
-                "RTSERVE_MODEL_MAX_BATCH_SIZES": json.dumps({manifest["name"]: cap}),
-                "RTSERVE_REDIS_KEY_PREFIX": f"batch-cap-{cap}"}
-            servers[cap] = Server([sys.executable, "-m", "rtserve.cli", "serve", "--host", "127.0.0.1", "--port",
-                                   str(port)], environment, port, logs / f"cap-{cap}.log")
+            environment = server_environment(options.model_repository, port, redis.url) | settings | {
+                "RTSERVE_REDIS_KEY_PREFIX": f"batch-cap-{index}"}
+            servers[label] = Server([sys.executable, "-m", "rtserve.cli", "serve", "--host", "127.0.0.1", "--port",
+                                     str(port)], environment, port, logs / f"side-{index}.log")
         pool = None
         try:
             async def ready() -> None:
@@ -102,40 +110,61 @@ def main() -> None:
             asyncio.run(ready())
             pool = ClientPool(2)
 
-            def run(cap: int, chosen: list[list[bytes]]) -> tuple[float, float, str]:
-                process = psutil.Process(servers[cap].process.pid)
-                before = scrape(servers[cap].url)
-                done = pool.run(Target("rtserve-ws", servers[cap].url, ref), chosen,
+            def run(label: str, chosen: list[list[bytes]]) -> tuple[float, float, str]:
+                process = psutil.Process(servers[label].process.pid)
+                before = scrape(servers[label].url)
+                done = pool.run(Target("rtserve-ws", servers[label].url, ref), chosen,
                                 lambda: tree_cpu_seconds(process), False, min(len(chosen), options.sessions))
                 if done.errors:
-                    raise SystemExit(f"cap {cap}: {done.errors[:3]}")
-                delta = metric_delta(before, scrape(servers[cap].url))
+                    raise SystemExit(f"{label}: {done.errors[:3]}")
+                delta = metric_delta(before, scrape(servers[label].url))
                 rows, steps, seconds = (metric_sum(delta, name, model=ref) for name in (
                     "rtserve_batch_size_sum", "rtserve_batch_size_count", "rtserve_step_duration_seconds_sum"))
                 steps_said = (f"mean batch {rows / steps:.1f}, a step {1000 * seconds / steps:.2f} ms, stepping "
                               f"{seconds / done.wall_seconds:.0%} of the run") if steps else "no step"
                 return 1000 * done.server_cpu_seconds / done.pieces, done.pieces / done.wall_seconds, steps_said
 
-            for cap in caps:  # warm-up, untimed
-                run(cap, bodies[:2])
+            for label in labels:  # warm-up, untimed
+                run(label, bodies[:2])
             for repeat in range(options.repeats):
-                for cap in caps if repeat % 2 == 0 else caps[::-1]:
+                for label in labels if repeat % 2 == 0 else labels[::-1]:
                     time.sleep(1)
-                    ms, rate, steps_said = run(cap, bodies)
-                    figures[cap].append((ms, rate))
-                    print(f"repeat {repeat + 1}, cap {cap}: {ms:.3f} ms of server CPU per piece, {rate:.1f} pieces/s; "
+                    ms, rate, steps_said = run(label, bodies)
+                    figures[label].append((ms, rate))
+                    print(f"repeat {repeat + 1}, {label}: {ms:.3f} ms of server CPU per piece, {rate:.1f} pieces/s; "
                           f"{steps_said}", flush=True)
         finally:
             if pool is not None:
                 pool.close()
             for server in servers.values():
                 server.stop()
-    for cap in caps:
-        print(f"cap {cap}: median {statistics.median(ms for ms, _ in figures[cap]):.3f} ms per piece, "
-              f"{statistics.median(rate for _, rate in figures[cap]):.1f} pieces/s")
-    ratios = [first[0] / second[0] for first, second in zip(figures[caps[0]], figures[caps[1]], strict=True)]
-    print(f"{options.model}, {options.sessions} sessions over streams: CPU per piece, cap {caps[0]} / cap {caps[1]}, "
+    for label in labels:
+        print(f"{label}: median {statistics.median(ms for ms, _ in figures[label]):.3f} ms per piece, "
+              f"{statistics.median(rate for _, rate in figures[label]):.1f} pieces/s")
+    ratios = [first[0] / second[0] for first, second in zip(figures[labels[0]], figures[labels[1]], strict=True)]
+    print(f"{options.model}, {options.sessions} sessions over streams: CPU per piece, {labels[0]} / {labels[1]}, "
           f"per repeat {[round(ratio, 3) for ratio in ratios]}, median {statistics.median(ratios):.3f}")
+
+
+def sides_to_compare(caps: str, settings: object, model: str) -> dict[str, dict[str, str]]:
+    """The two services' settings by label: ``settings`` as given (``--settings``), else the two ``caps`` of
+    ``model``'s batch (``--caps``). A name that is not one of the service's settings is refused, not ignored (the
+    service would start with its default and the comparison would compare nothing)."""
+    from service.settings import Settings
+
+    if settings is None:
+        sizes = [int(cap) for cap in caps.split(",")]
+        if len(sizes) != 2:
+            raise SystemExit("--caps takes two batch sizes")
+        return {f"cap {size}": {"RTSERVE_MODEL_MAX_BATCH_SIZES": json.dumps({model: size})} for size in sizes}
+    if not isinstance(settings, dict) or len(settings) != 2 or not all(
+            isinstance(side, dict) for side in settings.values()):
+        raise SystemExit('--settings takes two labelled sets of settings: {"label": {"RTSERVE_...": "value"}, ...}')
+    known = {f"RTSERVE_{name.upper()}" for name in Settings.model_fields}
+    unknown = sorted({name for side in settings.values() for name in side} - known)
+    if unknown:
+        raise SystemExit(f"--settings: not a setting of the service: {', '.join(unknown)} (docs/settings.md)")
+    return {str(label): {name: str(value) for name, value in side.items()} for label, side in settings.items()}
 
 
 def scrape(url: str) -> Samples:
