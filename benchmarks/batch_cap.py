@@ -12,8 +12,8 @@ the other question: whether a smaller batch, splitting the sessions' cohort in t
 the other's trip through the event loop and Redis, and so serves more pieces a second.
 
 ``--settings`` compares two sets of the service's settings instead (environment variables, each set under its
-label; an empty set is the defaults): the caps are one such pair, and the wait for company
-(``RTSERVE_MAX_QUEUE_DELAY_MS``) another.
+label, over this process's environment; an empty set leaves the service as that environment configures it): the caps
+are one such pair, and the wait for company (``RTSERVE_MAX_QUEUE_DELAY_MS``) another.
 
 Method: one service per cap (``RTSERVE_MODEL_MAX_BATCH_SIZES`` for the model) or set of settings, both started at once
 on one embedded Redis, each under its own key prefix, so that the alternation needs no restart; the idle one costs
