@@ -70,6 +70,19 @@ def test_a_shape_past_the_limit_and_a_failed_capture_run_eagerly():
     assert failing.failure and "not permitted" in failing.failure and failing.eager_calls == 1
 
 
+def test_warming_captures_every_bucket_at_one_shape_of_the_other_axes(tmp_path):
+    """The samples a graph draws differ in their other axes from draw to draw (a forecaster's piece of any length):
+    warming captures each bucket on the rows of one draw, so one shape, not one per bucket."""
+    (graph,) = step_cases("rsa", tmp_path)
+    generator = torch.Generator().manual_seed(0)
+    lengths = {graph.sample_inputs(1, generator)[2].shape[1] for _ in range(8)}
+    assert len(lengths) > 1  # else this test would not tell a draw per bucket from one draw
+    graphed = StepGraphs(graph.module, 8, stand_in_capture)
+    with torch.inference_mode():
+        graphed.warm(lambda rows: graph.sample_inputs(rows, generator))
+    assert graphed.shapes() == 1 and graphed.replays == len(graphed.buckets) and graphed.eager_calls == 0
+
+
 def test_the_backend_copies_a_graphs_outputs_out_before_the_next_call_overwrites_them(tmp_path):
     (graph,) = step_cases("rsa", tmp_path)
     spec = {"inputs": [s.as_dict() for s in graph.inputs], "outputs": [s.as_dict() for s in graph.outputs]}

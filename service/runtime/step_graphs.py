@@ -149,9 +149,12 @@ class StepGraphs:
         return captured
 
     def warm(self, sample: Callable[[int], Sequence[Any]]) -> None:
-        """Capture every bucket now (largest first, so the smaller reuse its memory) on ``sample(rows)`` inputs."""
+        """Capture every bucket now (largest first, so the smaller reuse its memory), each on the first rows of one
+        ``sample(largest bucket)``: a sample drawn per bucket may differ in its other axes (a forecaster's piece of
+        any length), and each of those shapes would be a capture of its own, against the limit of shapes."""
+        inputs = sample(self.buckets[-1])
         for bucket in reversed(self.buckets):
-            self(*sample(bucket))
+            self(*(tensor[:bucket] for tensor in inputs))
 
 
 class PaddedCompile:
