@@ -1,33 +1,22 @@
 """benchmarks/batch_cap.py's two sides: two caps of the model's batch, or two labelled sets of settings, where a name
 that is not one of the service's settings is refused rather than left for the service to ignore."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("batch_cap", ROOT / "benchmarks" / "batch_cap.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["batch_cap"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_scripts import load_benchmark
 
 
 def test_two_caps_are_two_batch_limits_of_the_model():
-    sides = load_script().sides_to_compare("16,32", None, "rsa-etth1-h24")
+    sides = load_benchmark("batch_cap").sides_to_compare("16,32", None, "rsa-etth1-h24")
     assert list(sides) == ["cap 16", "cap 32"]
     assert [json.loads(side["RTSERVE_MODEL_MAX_BATCH_SIZES"]) for side in sides.values()] == [
         {"rsa-etth1-h24": 16}, {"rsa-etth1-h24": 32}]
 
 
 def test_two_sets_of_settings_are_taken_by_label_their_values_as_the_environment_holds_them():
-    sides = load_script().sides_to_compare("16,32", {"default": {}, "no company wait": {
+    sides = load_benchmark("batch_cap").sides_to_compare("16,32", {"default": {}, "no company wait": {
         "RTSERVE_MAX_QUEUE_DELAY_MS": 0}}, "rsa-etth1-h24")
     assert sides == {"default": {}, "no company wait": {"RTSERVE_MAX_QUEUE_DELAY_MS": "0"}}
 
@@ -39,9 +28,9 @@ def test_two_sets_of_settings_are_taken_by_label_their_values_as_the_environment
 ])
 def test_a_comparison_that_would_compare_nothing_is_refused(settings, says):
     with pytest.raises(SystemExit, match=says):
-        load_script().sides_to_compare("16,32", settings, "rsa-etth1-h24")
+        load_benchmark("batch_cap").sides_to_compare("16,32", settings, "rsa-etth1-h24")
 
 
 def test_caps_that_are_not_two_are_refused():
     with pytest.raises(SystemExit, match="two batch sizes"):
-        load_script().sides_to_compare("16", None, "rsa-etth1-h24")
+        load_benchmark("batch_cap").sides_to_compare("16", None, "rsa-etth1-h24")

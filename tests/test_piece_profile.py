@@ -1,20 +1,7 @@
 """benchmarks/piece_profile.py's attribution of py-spy samples to layers: per-piece work goes to its layer, the lease
 keeper's renewals (on a clock, whatever the pieces) are counted apart, the other threads' samples are not the loop's."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_profile_script():
-    spec = importlib.util.spec_from_file_location("piece_profile", ROOT / "benchmarks" / "piece_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["piece_profile"] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tests.benchmark_scripts import load_benchmark
 
 LOOP = "<module> (rtserve/cli.py:569);run (uvicorn/main.py:632);Runner.run (asyncio/runners.py:118)"
 SAMPLES = [
@@ -30,7 +17,7 @@ SAMPLES = [
 
 
 def test_the_keeper_is_counted_apart_and_a_piece_s_lock_is_its_own_layer(tmp_path):
-    profile = load_profile_script()
+    profile = load_benchmark("piece_profile")
     path = tmp_path / "spy.txt"
     path.write_text("\n".join(SAMPLES) + "\n")  # py-spy's raw format: a stack, outermost first, and its count
     layers = profile.read_samples(path)
@@ -55,7 +42,7 @@ PERF_REPORT = """\
 
 
 def test_perf_s_samples_go_to_the_event_loop_the_other_threads_and_redis_by_shared_object():
-    profile = load_profile_script()
+    profile = load_benchmark("piece_profile")
     rows = profile.read_perf_report(PERF_REPORT, loop_thread=253, redis_threads={249, 250})
     assert rows == {
         ("the event loop's thread", "libpython3.11.so.1.0"): 563,
