@@ -60,7 +60,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if engine is not None:  # a front end: the engine process loads and runs the graphs
         await engine.connect()
     shutdown: Shutdown = app.state.shutdown
-    registry = ModelRegistry(settings, metrics, engine, alone=lambda: shutdown.requests_in_flight == 1)
+    registry = ModelRegistry(settings, metrics, engine, in_flight=lambda: shutdown.requests_in_flight)
     app.state.store = store
     app.state.registry = registry
     sessions = SessionStore(store, settings, metrics)

@@ -107,6 +107,11 @@ class Settings(BaseSettings):
         5.0, ge=0, description="Longest wait for company the last batch promised (fewer rows queued than it had): "
         "a request that finds the worker free waits up to this long after a batch of more than one row.",
     )
+    light_batches_on_loop: bool = Field(
+        True, description="A light graph's batch that holds every request in flight runs on the event loop, not "
+        "on the graph's thread (nothing else could use the loop meanwhile; the two hops cost more CPU than such a "
+        "step). Off: only a lone request's call does.",
+    )
     backend: str = Field("onnx", description="Default backend: onnx, torchscript or torch.")
     intra_op_threads: int = Field(
         0, ge=0, description="Threads per model graph on the CPU (ONNX Runtime intra-op; torch). 0: one for a graph "

@@ -35,7 +35,7 @@ def main() -> None:
 
     def through_the_worker(self: DynamicBatcher, *options: Any, **named: Any) -> None:
         batcher_init(self, *options, **named)
-        self.alone = None
+        self.in_flight, self.whole_batches_on_loop = None, False
 
     DynamicBatcher.__init__ = through_the_worker  # type: ignore[method-assign]
     run(port=args.port)

@@ -207,7 +207,7 @@ async def test_a_light_graphs_lone_request_runs_on_the_event_loop_and_is_recorde
     backend = RecordingBackend()
     metrics = ServiceMetrics(collect_gpu=False)
     batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.05, metrics=metrics,
-                             alone=lambda: True)
+                             in_flight=lambda: 1)
     x = np.random.default_rng().standard_normal((1, 4, 3)).astype(np.float32)
     out = await batcher.submit({"x": x})
     np.testing.assert_allclose(out["y"], x @ backend.weight, rtol=1e-6)
@@ -221,7 +221,7 @@ async def test_with_other_requests_in_flight_calls_still_form_batches():
     backend = RecordingBackend()
     in_flight = {"requests": 8}
     batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.05,
-                             alone=lambda: in_flight["requests"] == 1)
+                             in_flight=lambda: in_flight["requests"])
     rng = np.random.default_rng()
     inputs = [rng.standard_normal((1, 4, 3)).astype(np.float32) for _ in range(8)]
     await asyncio.gather(*(batcher.submit({"x": x}) for x in inputs))
@@ -231,6 +231,29 @@ async def test_with_other_requests_in_flight_calls_still_form_batches():
     assert backend.calls == [8, 1] and threading.main_thread().name not in backend.threads
     await batcher.submit({"x": inputs[0]})  # after a batch of one, nothing promised: on the loop
     assert backend.calls == [8, 1, 1] and threading.main_thread().name in backend.threads
+    await batcher.close()
+
+
+@pytest.mark.parametrize("on_loop", [True, False])
+async def test_a_light_graphs_batch_of_every_request_in_flight_runs_on_the_event_loop(on_loop):
+    backend = RecordingBackend()
+    metrics = ServiceMetrics(collect_gpu=False)
+    in_flight = {"requests": 8}
+    batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.05, metrics=metrics,
+                             in_flight=lambda: in_flight["requests"], whole_batches_on_loop=on_loop)
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal((1, 4, 3)).astype(np.float32) for _ in range(8)]
+    outputs = await asyncio.gather(*(batcher.submit({"x": x}) for x in inputs))
+    for x, out in zip(inputs, outputs, strict=True):
+        np.testing.assert_allclose(out["y"], x @ backend.weight, rtol=1e-6)
+    loop_thread = threading.current_thread().name
+    assert backend.calls == [8] and (loop_thread in backend.threads) == on_loop
+    samples = {s.name: s.value for s in metrics.queue_seconds.collect()[0].samples if s.labels.get("model") == "m"}
+    assert samples["rtserve_batch_queue_seconds_count"] == 8  # each caller's wait, as through the worker
+    backend.threads.clear()
+    in_flight["requests"] = 12  # four more requests in flight elsewhere: they may want the loop, the worker steps
+    await asyncio.gather(*(batcher.submit({"x": x}) for x in inputs))
+    assert backend.calls == [8, 8] and loop_thread not in backend.threads
     await batcher.close()
 
 
@@ -246,7 +269,7 @@ async def test_a_lone_request_waits_for_a_running_batch_instead_of_running_besid
     backend = SlowBackend()
     alone = {"value": False}
     batcher = DynamicBatcher(backend, "m", "step", max_batch_size=8, max_queue_delay_seconds=0.0,
-                             alone=lambda: alone["value"])
+                             in_flight=lambda: 1 if alone["value"] else 2)
     x = np.ones((1, 4, 3), np.float32)
     first = asyncio.gather(batcher.submit({"x": x}), batcher.submit({"x": x}))
     await asyncio.sleep(0.05)  # the batch of two runs on the worker's thread

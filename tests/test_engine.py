@@ -103,15 +103,19 @@ async def test_every_task_reads_the_same_through_the_engine_as_in_process(every_
         await engine_side.close()
 
 
+@pytest.mark.parametrize("whole_batches_on_loop", [True, False])
 async def test_the_engines_lone_light_step_runs_on_its_event_loop_and_concurrent_ones_share_batches(
-        forecast_repository, tmp_path):
+        forecast_repository, tmp_path, whole_batches_on_loop):
     """The tiny forecaster's step is light: when it is the engine's only call in flight it runs on the engine's event
-    loop, as a lone request's does in one process (no hop to the worker's thread and back); many calls in flight go
-    through the worker and share its batches."""
+    loop, as a lone request's does in one process (no hop to the worker's thread and back); many calls in flight share
+    batches, which run on the loop too when they hold every row in flight (RTSERVE_LIGHT_BATCHES_ON_LOOP), else on the
+    worker's thread."""
     import threading
 
-    settings = Settings(model_repository=forecast_repository[0], redis_url="redis://unused")
-    engine_side = ModelRegistry(settings, ServiceMetrics(collect_gpu=False), alone=lambda: engine.alone())
+    settings = Settings(model_repository=forecast_repository[0], redis_url="redis://unused",
+                        light_batches_on_loop=whole_batches_on_loop)
+    engine_side = ModelRegistry(settings, ServiceMetrics(collect_gpu=False),
+                                in_flight=lambda: engine.rows_in_flight)
     engine = Engine(engine_side)
     await engine_side.load_all()
     server = await engine.serve(tmp_path / "engine.sock")
@@ -139,7 +143,8 @@ async def test_the_engines_lone_light_step_runs_on_its_event_loop_and_concurrent
         threads.clear(), rows_per_batch.clear()
         await asyncio.gather(*(model.consume(model.new_state(), rows) for _ in range(16)))
         assert sum(rows_per_batch) == 16 and max(rows_per_batch) > 1, rows_per_batch
-        assert any(thread is not threading.current_thread() for thread in threads)  # the worker's
+        on_loop = [thread is threading.current_thread() for thread in threads]
+        assert all(on_loop) if whole_batches_on_loop else not any(on_loop[rows_per_batch.index(16):]), on_loop
         assert engine.calls_in_flight == 0
     finally:
         server.close()

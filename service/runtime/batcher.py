@@ -19,15 +19,22 @@ Only calls whose inputs agree on every non-batch axis and dtype are stacked
 (a chunk of 5 rows and one of 9 go in separate calls); graphs whose inputs
 differ in length use :mod:`service.runtime.decode_loop` instead, which pads
 and masks. The backend runs on a worker thread: the event loop never blocks
-on a batch. One exception, for a *light* graph (one that a single thread runs
+on a batch. Two exceptions, for a *light* graph (one that a single thread runs
 at batch 1 in under 2 ms, and every core not 1.5 times as fast, as its export
-measured): the call of a request that is the process's only one in flight
-(``alone``; in the engine process, the engine's only call in flight), finding
-nothing queued, nothing running and no company promised,
-runs on the event loop at once, as the policy would have run it, since the hops
-to the worker's thread and back cost more CPU than the step itself. With other
-requests in flight every call goes through the queue, so that theirs can join
-it.
+measured), where the hops to the worker's thread and back cost more CPU than
+the step itself:
+
+- the call of a request that is the process's only one in flight
+  (``in_flight``: the process's requests; in the engine process, the rows of
+  its calls), finding nothing queued, nothing running and no company
+  promised, runs on the event loop at once, as the policy would have run it;
+  with other requests in flight every call goes through the queue, so that
+  theirs can join it;
+- a batch that holds every request in flight (sessions stepping together and
+  nothing else) runs on the event loop too (``whole_batches_on_loop``,
+  ``RTSERVE_LIGHT_BATCHES_ON_LOOP``): no request could use the loop while it
+  steps, and the requests that arrive meanwhile are read after it, as the
+  next batch, which they could not have joined.
 
 On a device whose step costs about the same at any batch size (a GPU:
 ``flat_step``, by default where the backend's device is CUDA), the company a
@@ -82,17 +89,20 @@ class DynamicBatcher(GraphRunner):
         max_queue_delay_seconds: float,
         metrics: ServiceMetrics | None = None,
         policy: BatchingPolicy | None = None,
-        alone: Callable[[], bool] | None = None,
+        in_flight: Callable[[], int] | None = None,
         flat_step: bool | None = None,
+        whole_batches_on_loop: bool = False,
     ) -> None:
-        """``alone``: for a light graph, whether the caller's request is the only one in flight; its call then
-        runs on the event loop (the module's docstring). None: every call goes through the worker. ``flat_step``:
-        whether a batch costs about the same at any size (None: where the backend's device is CUDA)."""
+        """``in_flight``: for a light graph, the requests in flight in this process (the engine's: their rows); a
+        lone one's call, and with ``whole_batches_on_loop`` a batch of every one, then runs on the event loop (the
+        module's docstring). None: every call goes through the worker. ``flat_step``: whether a batch costs about the
+        same at any size (None: where the backend's device is CUDA)."""
         super().__init__(backend, model, graph, max_batch_size, metrics)
         self.flat_step = str(getattr(backend, "device", "cpu")).startswith("cuda") if flat_step is None else flat_step
         self._last_span = (0.0, 0.0)  # when the previous batch started and ended (perf_counter)
         self.policy: BatchingPolicy = policy or ContinuousBatching(max_queue_delay_seconds)
-        self.alone = alone
+        self.in_flight = in_flight
+        self.whole_batches_on_loop = whole_batches_on_loop and in_flight is not None
         self._queue: deque[_Pending] = deque()
         self._last_rows = 0  # rows of the previous batch: how much company to expect
         self._running = False  # a batch taken from the queue has not finished
@@ -106,7 +116,7 @@ class DynamicBatcher(GraphRunner):
         if len(rows) != 1:
             raise ValueError(f"inputs disagree on the batch axis: { {k: v.shape for k, v in arrays.items()} }")
         pending = _Pending(arrays, rows.pop(), signature(arrays), asyncio.get_running_loop().create_future())
-        if (self.alone is not None and not self._queue and not self._running and self.alone()
+        if (self.in_flight is not None and not self._queue and not self._running and self.in_flight() == 1
                 and self.policy.run_at((pending,), self._last_rows, self.max_batch_size) <= time.perf_counter()):
             # no one to batch with, and the policy runs it at once: on the loop, without the worker and its thread
             self._last_rows = pending.rows
@@ -191,7 +201,10 @@ class DynamicBatcher(GraphRunner):
         self._last_rows = rows
         started = time.perf_counter()
         try:
-            outputs = await self._run_batch(stacked, rows, [pending.enqueued for pending in live])
+            if self.whole_batches_on_loop and self.in_flight() <= rows:  # type: ignore[misc]
+                outputs = self._run_on_loop(stacked, rows, [pending.enqueued for pending in live])
+            else:
+                outputs = await self._run_batch(stacked, rows, [pending.enqueued for pending in live])
         except Exception as error:  # the whole batch failed: every caller learns why
             for pending in live:
                 if not pending.future.done():

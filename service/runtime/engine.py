@@ -51,12 +51,9 @@ class Engine:
     def __init__(self, registry: Any) -> None:
         self.registry = registry
         self.calls_in_flight = 0  # step frames and searches of every front end, being served
-        self.rows_in_flight = 0  # their rows (a search counts one)
-
-    def alone(self) -> bool:
-        """Whether the call being served is the engine's only one in flight, of one row: a light graph's step then
-        runs on the event loop (:mod:`service.runtime.batcher`), as a lone request's does in one process."""
-        return self.rows_in_flight == 1
+        # their rows (a search counts one): a light graph's call alone in flight, or a batch of them all, runs on the
+        # event loop (:mod:`service.runtime.batcher`), as a lone request's or a whole cohort's does in one process
+        self.rows_in_flight = 0
 
     def describe(self) -> dict[str, Any]:
         """What a front end shows of each model (GET /models) and cannot learn from the manifest."""

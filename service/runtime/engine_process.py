@@ -31,7 +31,7 @@ async def serve_engine(socket_path: Path) -> None:
     """Load every model (graphs and batchers), serve them on ``socket_path`` until SIGTERM."""
     settings = Settings()
     metrics = ServiceMetrics(multiprocess_dir=settings.metrics_dir)  # the front ends' /metrics sum its batches
-    registry = ModelRegistry(settings, metrics, alone=lambda: engine.alone())
+    registry = ModelRegistry(settings, metrics, in_flight=lambda: engine.rows_in_flight)
     engine = Engine(registry)
     await registry.load_all()
     server = await engine.serve(socket_path)  # the socket appears once every model is loaded

@@ -39,13 +39,15 @@ class GraphRunner:
     async def _run_forever(self) -> None:
         raise NotImplementedError
 
-    def _run_on_loop(self, inputs: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    def _run_on_loop(self, inputs: Mapping[str, np.ndarray], rows: int,
+                     enqueued: list[float] | None = None) -> dict[str, np.ndarray]:
         """One call of the backend on the event loop itself, metered and recorded as :meth:`_run_batch` is: for
-        a lone call of a light graph, where the two hops to the thread and back cost more than the step."""
+        a light graph, where the two hops to the thread and back cost more than the step. ``enqueued``: as for
+        :meth:`_run_batch` (None: a call that did not queue)."""
         started = time.perf_counter()
         with metered(self.metrics, self.backend, self.model, rows):
             outputs = self.backend.run(inputs)
-        self._observe(rows, started, [started])
+        self._observe(rows, started, [started] if enqueued is None else enqueued)
         return outputs
 
     async def _run_batch(self, inputs: Mapping[str, np.ndarray], rows: int, enqueued: list[float],

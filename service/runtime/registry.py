@@ -124,11 +124,11 @@ def load_model(
     name: str | None = None,
     version: str | None = None,
     engine: EngineClient | None = None,
-    alone: Callable[[], bool] | None = None,
+    in_flight: Callable[[], int] | None = None,
 ) -> LoadedModel:
     """One repository entry, ready to serve: backends, a batcher per graph, its family's pipeline. With ``engine``
-    (a front end), no graph is loaded: each runner is a stand-in that sends its calls to the engine. ``alone``:
-    whether a caller's request is the only one in flight in this process (:mod:`service.runtime.batcher`)."""
+    (a front end), no graph is loaded: each runner is a stand-in that sends its calls to the engine. ``in_flight``:
+    the requests in flight in this process (:mod:`service.runtime.batcher`)."""
     manifest = json.loads((entry / "manifest.json").read_text())
     name, version = name or manifest["name"], version or manifest["version"]
     record = family(manifest["family"])
@@ -151,10 +151,12 @@ def load_model(
         if is_decode_graph(graph):  # autoregressive: searches of many documents share every step
             runners[graph["name"]] = DecodeLoop(runner, ref, graph, max_batch_size, metrics, policy)
         else:
-            # a light graph (its export's measure, on a CPU): a lone request's call may run on the event loop
+            # a light graph (its export's measure, on a CPU): a lone request's call, and a batch of every request
+            # in flight, may run on the event loop
             runners[graph["name"]] = DynamicBatcher(
                 runner, ref, graph["name"], graph_batch_size(graph, max_batch_size, backend, device, pinned),
-                policy.max_queue_delay, metrics, policy, alone if is_light_graph(graph, backend, device) else None,
+                policy.max_queue_delay, metrics, policy, in_flight if is_light_graph(graph, backend, device) else None,
+                whole_batches_on_loop=settings.light_batches_on_loop,
             )
     max_batch_size = max(runner.max_batch_size for runner in runners.values())  # what the model's batches reach
     pipeline_class = record.part("pipeline")
@@ -211,13 +213,13 @@ def is_decode_graph(graph: Mapping[str, Any]) -> bool:
 
 class ModelRegistry:
     def __init__(self, settings: Settings, metrics: ServiceMetrics, engine: EngineClient | None = None,
-                 alone: Callable[[], bool] | None = None) -> None:
-        """``alone``: whether a request is the process's only one in flight (the app's :class:`Shutdown` knows);
-        None where requests are not this process's own (the engine process)."""
+                 in_flight: Callable[[], int] | None = None) -> None:
+        """``in_flight``: the requests in flight in this process (the app's :class:`Shutdown` counts them; the
+        engine process: the rows of its calls in flight)."""
         self.settings = settings
         self.metrics = metrics
         self.engine = engine  # a front end's engine: it loads the graphs, this registry the pipelines around them
-        self.alone = alone
+        self.in_flight = in_flight
         self.entries = discover(settings.model_repository)
         self.models: dict[str, LoadedModel] = {}  # "name:version" -> model
         self.latest: dict[str, LoadedModel] = {}  # "name" -> its latest version's model
@@ -254,7 +256,7 @@ class ModelRegistry:
 
     def _load(self, name: str, version: str, entry: Path) -> LoadedModel:
         return load_model(entry, self.settings.backend_for(name), self.settings, self.metrics, name, version,
-                          self.engine, self.alone)
+                          self.engine, self.in_flight)
 
     def resolve(self, model: str | None, task: str | None) -> LoadedModel:
         """``model`` is ``name`` (latest version) or ``name:version``; without it, the task's default."""
