@@ -19,7 +19,8 @@ Method: one service per cap (``RTSERVE_MODEL_MAX_BATCH_SIZES`` for the model) or
 on one embedded Redis, each under its own key prefix, so that the alternation needs no restart; the idle one costs
 next to nothing.
 The bench's closed-loop client (:mod:`loadtest.closed_loop`, 2 processes) sends ``--sessions`` sessions at a time
-over each session's stream to one service, then to the other, ``--repeats`` times, the order swapped every repeat.
+over each session's stream (``--transport``: or as HTTP pieces, or binary frames) to one service, then to the other,
+``--repeats`` times, the order swapped every repeat.
 The bench's inputs: RMT, sessions of ``--pieces`` one-segment pieces (Hyperpartisan articles cut into whole
 segments); RSA, ETTh1 rows, the look-back then ``--pieces`` pieces of 24 rows, ``--waves`` sessions after sessions in
 the slots. Server CPU: each service's process tree (its graph's threads included), per piece answered. From each
@@ -51,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     from loadtest import bench_inputs as inputs
-    from loadtest.closed_loop import ClientPool, Target
+    from loadtest.closed_loop import RTSERVE_TRANSPORTS, ClientPool, Target
     from loadtest.harness import Client, Server, free_port, server_environment, tree_cpu_seconds
     from loadtest.metrics import metric_delta, metric_sum
     from service.embedded_redis import EmbeddedRedis
@@ -64,6 +65,8 @@ def main() -> None:
     parser.add_argument("--settings", type=json.loads, default=None,
                         help="two sets of settings to compare instead of caps, as JSON: {label: {RTSERVE_...: value}}")
     parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--transport", choices=("http", "stream", "binary-stream"), default="stream",
+                        help="pieces as HTTP requests or over each session's stream (rows as JSON or binary frames)")
     parser.add_argument("--pieces", type=int, default=None,
                         help="pieces per session (RMT: one-segment pieces, default 8; RSA: 24-row pieces after the "
                              "look-back, default 16)")
@@ -113,7 +116,7 @@ def main() -> None:
             def run(label: str, chosen: list[list[bytes]]) -> tuple[float, float, str]:
                 process = psutil.Process(servers[label].process.pid)
                 before = scrape(servers[label].url)
-                done = pool.run(Target("rtserve-ws", servers[label].url, ref), chosen,
+                done = pool.run(Target(RTSERVE_TRANSPORTS[options.transport], servers[label].url, ref), chosen,
                                 lambda: tree_cpu_seconds(process), False, min(len(chosen), options.sessions))
                 if done.errors:
                     raise SystemExit(f"{label}: {done.errors[:3]}")
@@ -142,8 +145,8 @@ def main() -> None:
         print(f"{label}: median {statistics.median(ms for ms, _ in figures[label]):.3f} ms per piece, "
               f"{statistics.median(rate for _, rate in figures[label]):.1f} pieces/s")
     ratios = [first[0] / second[0] for first, second in zip(figures[labels[0]], figures[labels[1]], strict=True)]
-    print(f"{options.model}, {options.sessions} sessions over streams: CPU per piece, {labels[0]} / {labels[1]}, "
-          f"per repeat {[round(ratio, 3) for ratio in ratios]}, median {statistics.median(ratios):.3f}")
+    print(f"{options.model}, {options.sessions} sessions, {options.transport}: CPU per piece, {labels[0]} / "
+          f"{labels[1]}, per repeat {[round(ratio, 3) for ratio in ratios]}, median {statistics.median(ratios):.3f}")
 
 
 def sides_to_compare(caps: str, settings: object, model: str) -> dict[str, dict[str, str]]:

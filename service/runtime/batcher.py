@@ -201,7 +201,8 @@ class DynamicBatcher(GraphRunner):
         self._last_rows = rows
         started = time.perf_counter()
         try:
-            if self.whole_batches_on_loop and self.in_flight() <= rows:  # type: ignore[misc]
+            in_flight = self.in_flight if self.whole_batches_on_loop else None
+            if in_flight is not None and in_flight() <= rows:  # every request in flight is in this batch
                 outputs = self._run_on_loop(stacked, rows, [pending.enqueued for pending in live])
             else:
                 outputs = await self._run_batch(stacked, rows, [pending.enqueued for pending in live])
