@@ -56,3 +56,11 @@ def test_the_command_prints_the_table_of_the_reports_given(tmp_path, capsys):
     path = report(tmp_path / "bench-amd-epyc-2c.json", "AMD EPYC", 0.5, 0.8)
     assert bench_runs.main([str(path)]) == 0
     assert "| AMD EPYC #1 (bench-amd-epyc-2c.md) | 0.50 / 0.50 | 0.80 / 0.85 |" in capsys.readouterr().out
+
+
+def test_the_table_in_serving_md_is_the_one_the_reports_in_docs_give():
+    """docs/serving.md quotes every Triton-side report; a report added or replaced without the table regenerated fails
+    here (`python -m loadtest.bench_runs docs/bench-*.json --links-from docs`)."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    table = bench_runs.table(sorted(docs.glob("bench-*.json")), links_from=docs)
+    assert table in (docs / "serving.md").read_text()
