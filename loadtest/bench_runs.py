@@ -17,6 +17,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,10 @@ def table(reports: Sequence[Path], links_from: Path | None = None) -> str:
         cells = [name, pair(row["triton_cpu"]), pair(row["stream"]), pair(row["binary"]),
                  pair(row["http"]), pair(row["rate"]), pair(row["rmt"])]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"{len(rows)} reports. Ranges: over a stream {span(rows, 'stream')}, with binary frames "
-              f"{span(rows, 'binary')}, over HTTP {span(rows, 'http')}; pieces/s over a stream at 32 sessions "
-              f"{span(rows, 'rate')}; RMT over a stream {span(rows, 'rmt')}."]
+    lines += ["", *textwrap.wrap(
+        f"{len(rows)} reports. Ranges: over a stream {span(rows, 'stream')}, with binary frames "
+        f"{span(rows, 'binary')}, over HTTP {span(rows, 'http')}; pieces/s over a stream at 32 sessions "
+        f"{span(rows, 'rate')}; RMT over a stream {span(rows, 'rmt')}.", width=120, break_on_hyphens=False)]
     if left_out:
         lines.append(f"Without the Triton side: {', '.join(left_out)}.")
     return "\n".join(lines)
