@@ -63,8 +63,8 @@ peers: $(PEERS_STAMP)
 
 # The GPU run (benchmarks/gpu_run.sh): gpu-carry/ is what it carries to a host without a package index (within what the
 # tree leaves of 64 MiB: the models as the torch backend reads them, the bench's data, the cp312 wheels the host may
-# lack); gpu-check runs it on this machine's
-# GPU, or with GPU_ARGS="--device cpu --quick" rehearses it here. The report goes to $$OUT/docs/bench-h200/.
+# lack); gpu-check runs it on this machine's GPU, or with GPU_ARGS="--device cpu --quick" rehearses it here. The report
+# goes to $$OUT/docs/bench-h200/.
 gpu-carry: $(STAMP) model-repository
 	$(BIN)/python benchmarks/gpu_carry.py
 
