@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--settings", type=json.loads, default=None,
                         help="two sets of settings to compare instead of caps, as JSON: {label: {RTSERVE_...: value}}")
     parser.add_argument("--sessions", type=int, default=32)
-    parser.add_argument("--transport", choices=("http", "stream", "binary-stream"), default="stream",
+    parser.add_argument("--transport", choices=tuple(RTSERVE_TRANSPORTS), default="stream",
                         help="pieces as HTTP requests or over each session's stream (rows as JSON or binary frames)")
     parser.add_argument("--pieces", type=int, default=None,
                         help="pieces per session (RMT: one-segment pieces, default 8; RSA: 24-row pieces after the "
