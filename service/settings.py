@@ -108,9 +108,9 @@ class Settings(BaseSettings):
         "a request that finds the worker free waits up to this long after a batch of more than one row.",
     )
     light_batches_on_loop: bool = Field(
-        False, description="A light graph's batch that holds every request in flight runs on the event loop, not "
+        True, description="A light graph's batch that holds every request in flight runs on the event loop, not "
         "on the graph's thread (nothing else could use the loop meanwhile; the two hops cost more CPU than such a "
-        "step). Off: only a lone request's call does. Whether it pays depends on the host: measure both.",
+        "step). Off: only a lone request's call does. What it saves depends on the host: measure both.",
     )
     backend: str = Field("onnx", description="Default backend: onnx, torchscript or torch.")
     intra_op_threads: int = Field(
