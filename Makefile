@@ -40,7 +40,7 @@ model-repository: $(STAMP)
 serve: $(STAMP) model-repository
 	$(BIN)/rtserve serve $(if $(PORT),--port $(PORT))
 
-# One benchmark run on this machine: docs/bench-<machine>.{json,md}; BENCH_ARGS="--quick" etc. pass through.
+# One benchmark run on this machine: bench-results/bench-<machine>.{json,md}; BENCH_ARGS="--quick" etc. pass through.
 bench: $(STAMP) model-repository
 	$(BIN)/rtserve bench $(BENCH_ARGS)
 

@@ -122,6 +122,7 @@ log = logging.getLogger("rtserve.bench")
 
 SCENARIOS = ("e2e", "throughput", "latency", "articles", "decode", "rsa", "floor", "gpu", "triton", "sweep")
 DEFAULT_SCENARIOS = SCENARIOS[:-1]  # the sweep runs when asked for (--only sweep): it takes minutes per model
+RESULTS = Path("bench-results")  # where a run's reports go unless told (the reports in docs/ were copied from there)
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -282,8 +283,8 @@ def parse_options(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--model-repository", type=Path,
                         default=Path(os.environ.get("RTSERVE_MODEL_REPOSITORY", "model_repository")))
     parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared datasets folder")
-    parser.add_argument("--out-json", type=Path, help="default: docs/bench-<machine>.json")
-    parser.add_argument("--out-md", type=Path, help="default: docs/bench-<machine>.md")
+    parser.add_argument("--out-json", type=Path, help=f"default: {RESULTS}/bench-<machine>.json")
+    parser.add_argument("--out-md", type=Path, help=f"default: {RESULTS}/bench-<machine>.md")
     parser.add_argument("--quick", action="store_true", help="tiny counts, one repeat (a smoke test)")
     parser.add_argument("--repeats", type=int, help="served/offline alternations per scenario (default 3; quick 1)")
     parser.add_argument("--port", type=int, help="default: a free loopback port")
@@ -344,8 +345,8 @@ def main(argv: Sequence[str] | None = None, meter: EnergyMeter | None = None) ->
         results["notes"].insert(0, "--quick: tiny counts, a smoke test of the instrument, not a measurement")
     results["targets"] = check_targets(results["scenarios"], on_gpu=meter.available)
     slug = machine_slug(machine)
-    json_path = options.out_json or Path("docs") / f"bench-{slug}.json"
-    markdown_path = options.out_md or Path("docs") / f"bench-{slug}.md"
+    json_path = options.out_json or RESULTS / f"bench-{slug}.json"
+    markdown_path = options.out_md or RESULTS / f"bench-{slug}.md"
     print(write_reports(results, json_path, markdown_path))
     print(f"wrote {json_path} and {markdown_path}")
     return 1 if results["failed"] else 0
