@@ -201,11 +201,12 @@ class DynamicBatcher(GraphRunner):
         self._last_rows = rows
         started = time.perf_counter()
         try:
+            enqueued = [pending.enqueued for pending in live]
             in_flight = self.in_flight if self.whole_batches_on_loop else None
             if in_flight is not None and in_flight() <= rows:  # every request in flight is in this batch
-                outputs = self._run_on_loop(stacked, rows, [pending.enqueued for pending in live])
+                outputs = self._run_on_loop(stacked, rows, enqueued)
             else:
-                outputs = await self._run_batch(stacked, rows, [pending.enqueued for pending in live])
+                outputs = await self._run_batch(stacked, rows, enqueued)
         except Exception as error:  # the whole batch failed: every caller learns why
             for pending in live:
                 if not pending.future.done():
