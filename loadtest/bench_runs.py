@@ -44,8 +44,9 @@ def triton_cpu(model: Mapping[str, Any], sessions: int) -> float | None:
 
 
 def machine_label(report: Mapping[str, Any], path: Path) -> str:
-    """``AMD EPYC #3``: the CPU, and the machine's number among the reports of that CPU (``-run3``; none: 1)."""
-    cpu = re.sub(r"\((R|TM)\)|[®™]|\bProcessor\b", "", report["machine"]["cpu"])
+    """``AMD EPYC #3``: the CPU (without its clock: the same model may report one or not), and the machine's number
+    among the reports of that CPU (``-run3``; none: 1)."""
+    cpu = re.sub(r"\((R|TM)\)|[®™]|\bProcessor\b|@.*$", "", report["machine"]["cpu"])
     number = re.search(r"-run(\d+)$", path.stem)
     return f"{' '.join(cpu.split())} #{number.group(1) if number else 1}"
 

@@ -53,6 +53,12 @@ def test_one_row_per_report_fastest_machine_first_with_the_ratios_the_targets_re
     assert lines[-1] == "Without the Triton side: bench-sweep.json."
 
 
+def test_a_cpu_named_with_its_clock_is_labelled_as_one_named_without(tmp_path):
+    path = report(tmp_path / "bench-intel-xeon-2c-run4.json", "Intel(R) Xeon(R) Processor @ 2.00GHz", 1.8, 1.1)
+    assert bench_runs.table([path], links_from=tmp_path).splitlines()[2].startswith(
+        "| [Intel Xeon #4](bench-intel-xeon-2c-run4.md) | 1.80 / 1.80 |")
+
+
 def test_the_command_prints_the_table_of_the_reports_given(tmp_path, capsys):
     path = report(tmp_path / "bench-amd-epyc-2c.json", "AMD EPYC", 0.5, 0.8)
     assert bench_runs.main([str(path)]) == 0
