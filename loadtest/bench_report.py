@@ -259,16 +259,17 @@ def triton_section(run: Mapping[str, Any]) -> list[str]:
         f"{run.get('min_pieces', {}).get('forecast', 0):,} RSA pieces ({run.get('min_pieces', {}).get('classify', 0)} "
         "RMT). Server CPU: the server's whole process tree (rtserve with the bench's Redis; Triton with its "
         f"backend stubs). Ratios: rtserve / Triton ({configurations}; rtserve's binary row frames against Triton's "
-        "binary tensor data, `-binary`), medians of per-repeat ratios. "
+        "binary tensor data, `-binary`), medians of per-repeat ratios. Mean batch: the pieces a step of the graph "
+        "held (rtserve's /metrics, Triton's statistics extension). "
         "`*`: the client was the limit in a run (see the notes).",
         "",
         "| model | sessions | transport | pieces/s | p50 ms | p99 ms | server CPU ms/piece | client CPU ms/piece "
-        "| ratio pieces/s | ratio p50 | ratio p99 | ratio server CPU/piece |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mean batch | ratio pieces/s | ratio p50 | ratio p99 | ratio server CPU/piece |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for model in run["models"].values():
         for side, reason in (model.get("unavailable") or {}).items():
-            lines.append(f"| {model['model']} | all | {side} | {reason} | | | | | | | | |")
+            lines.append(f"| {model['model']} | all | {side} | {reason} | | | | | | | | | |")
         for count, row in model["sessions"].items():
             for side, figures in row["sides"].items():
                 if "pieces_per_second" not in figures:
@@ -277,6 +278,7 @@ def triton_section(run: Mapping[str, Any]) -> list[str]:
                 cells = [model["model"], count, side, f"{figures['pieces_per_second']:.4g}{star}",
                          f"{figures['p50_ms']:.3g}", f"{figures['p99_ms']:.3g}",
                          f"{figures['server_cpu_ms_per_piece']:.3g}", f"{figures['client_cpu_ms_per_piece']:.3g}",
+                         f"{figures['mean_batch_size']:.3g}" if "mean_batch_size" in figures else "",
                          *(_ratios(row, side, key) for key in ("pieces_per_second", "p50_ms", "p99_ms",
                                                                "server_cpu_ms_per_piece"))]
                 lines.append("| " + " | ".join(cells) + " |")

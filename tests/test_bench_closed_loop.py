@@ -95,6 +95,10 @@ def test_triton_serves_the_same_step_graph_and_both_sides_are_reported(forecast_
                         "client_cpu_ms_per_piece"):
                 assert figures[key] > 0, (side, key, figures)
             assert figures["p50_ms"] <= figures["p99_ms"]
+            # each server's own count of the pieces a step held: one session's pieces step alone
+            assert 1 <= figures["mean_batch_size"] <= int(count), (side, figures)
+            if count == "1":
+                assert figures["mean_batch_size"] == 1, (side, figures)
         assert set(row["ratios"]["rtserve-http/triton-0ms"]) == {"pieces_per_second", "p50_ms", "p99_ms",
                                                                  "server_cpu_ms_per_piece"}
         # the same step graph: each session's last forecast, to float tolerance
@@ -105,6 +109,7 @@ def test_triton_serves_the_same_step_graph_and_both_sides_are_reported(forecast_
     assert "rtserve-ws" in forecast.get("unavailable", {}) or "rtserve-ws" in forecast["sessions"]["1"]["sides"]
     table = (tmp_path / "bench.md").read_text()
     assert "rtserve beside Triton" in table and "| model | sessions | transport | pieces/s |" in table
+    assert "| mean batch |" in table
 
 
 def test_a_triton_request_carries_the_same_rows_or_text_as_the_rtserve_piece():

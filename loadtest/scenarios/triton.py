@@ -16,9 +16,11 @@ Triton's KServe v2 HTTP/JSON ``infer``. The
 sides take turns run by run, in an order that reverses from one repeat to the next; medians over ``--repeats``,
 every run kept in the JSON.
 Per side: pieces/s, p50 and p99 piece latency, server CPU per piece (the server's whole process tree: rtserve's
-with the bench's Redis, Triton's with its backend stubs), the client's CPU per piece, and whether the client was
-the limit. Ratios rtserve / Triton are the medians of the ratios within a repeat. The first repeat's last answer
-of every session is compared across the servers (the same forecast / probabilities for the same pieces).
+with the bench's Redis, Triton's with its backend stubs), the client's CPU per piece, whether the client was the
+limit, and the mean batch: the pieces a step of the graph held, by each server's own count (rtserve's
+``rtserve_batch_size``, Triton's statistics extension), read just before and after the run. Ratios rtserve /
+Triton are the medians of the ratios within a repeat. The first repeat's last answer of every session is compared
+across the servers (the same forecast / probabilities for the same pieces).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import asyncio
 import math
 import os
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from loadtest import bench_inputs as inputs
 from loadtest.bench_inputs import SessionInput
 from loadtest.closed_loop import ClientPool, Run, Target, default_processes, figures
 from loadtest.harness import BenchError, Client, median, tree_cpu_seconds
+from loadtest.metrics import metric_sum
 from loadtest.scenarios.common import Bench, log, why_not
 from loadtest.triton.repository import TritonModel, write_model
 from loadtest.triton.server import HOW_TO_GET_IT, TritonInstall, TritonServer, find_triton, triton_venv
@@ -72,6 +75,7 @@ class Side:
     name: str  # rtserve-http, rtserve-ws, triton-0ms, ...
     target: Target
     server_cpu: Callable[[], float]
+    batches: Callable[[], Awaitable[tuple[float, float]]]  # the server's requests and batch steps so far
 
     @property
     def rtserve(self) -> bool:
@@ -81,6 +85,23 @@ class Side:
     def binary(self) -> bool:
         """Its rows go as binary data (rtserve's binary stream frames, Triton's binary tensor extension)."""
         return self.name.endswith("-binary")
+
+
+def rtserve_batches(client: Client, ref: str) -> Callable[[], Awaitable[tuple[float, float]]]:
+    """The rows and the steps of model ``ref``'s batches so far, from the service's ``/metrics``."""
+    async def read() -> tuple[float, float]:
+        samples = await client.metrics()
+        return (metric_sum(samples, "rtserve_batch_size_sum", model=ref),
+                metric_sum(samples, "rtserve_batch_size_count", model=ref))
+    return read
+
+
+def triton_batches(client: Client, model: str) -> Callable[[], Awaitable[tuple[float, float]]]:
+    """The requests and the executions of Triton's ``model`` so far, from its statistics extension."""
+    async def read() -> tuple[float, float]:
+        stats = (await client.get_json(f"/v2/models/{model}/stats"))["model_stats"][0]
+        return float(stats["inference_count"]), float(stats["execution_count"])
+    return read
 
 
 def sessions_for(bench: Bench, task: str, count: int, pieces: int | None = None) -> list[SessionInput]:
@@ -178,10 +199,14 @@ async def compare_task(bench: Bench, pool: ClientPool, task: str, sides: list[Si
             runs: dict[str, Run] = {}
             for side in served if repeat % 2 == 0 else served[::-1]:
                 await bench.settle()
+                rows_before, steps_before = await side.batches()
                 run = await asyncio.to_thread(pool.run, side.target, chosen, side.server_cpu, repeat == 0, count)
                 if run.errors:
                     raise BenchError(f"triton scenario, {side.name}, {count} sessions: {run.errors[:3]}")
+                rows_after, steps_after = await side.batches()
                 runs[side.name], row[side.name] = run, figures(run, cores)
+                if steps_after > steps_before:  # how many of the side's pieces each step of the graph held
+                    row[side.name]["mean_batch_size"] = (rows_after - rows_before) / (steps_after - steps_before)
             if repeat == 0:
                 reference = next(side for side in served if side.rtserve)
                 differences = {other.name: answers_max_difference(task, reference, runs[reference.name], other,
@@ -223,19 +248,19 @@ async def run_triton(bench: Bench, install: TritonInstall) -> dict[str, Any]:
         try:
             for task in tasks:
                 ref = bench.ref(task)
-                sides = [Side("rtserve-http", Target("rtserve-http", bench.url, ref, bench.api_key),
-                              bench.stopwatch.server_cpu),
-                         Side("rtserve-ws", Target("rtserve-ws", bench.url, ref, bench.api_key),
-                              bench.stopwatch.server_cpu)]
+                ours = rtserve_batches(bench.client, ref)
+                sides = [Side(name, Target(name, bench.url, ref, bench.api_key), bench.stopwatch.server_cpu, ours)
+                         for name in ("rtserve-http", "rtserve-ws")]
                 if task == "forecast":  # rows: also as the stream's binary frames
                     sides.append(Side("rtserve-ws-binary", Target("rtserve-ws-binary", bench.url, ref, bench.api_key),
-                                      bench.stopwatch.server_cpu))
+                                      bench.stopwatch.server_cpu, ours))
                 for model in models[task]:
                     for binary in (False, True) if task == "forecast" else (False,):  # rows: also as binary data
                         sides.append(Side(f"triton-{model.delay_ms:g}ms{'-binary' if binary else ''}", Target(
                             "triton-http-binary" if binary else "triton-http", server.url, model.name,
                             text=model.text, piece_input=model.piece_inputs[0] if model.piece_inputs else ("", ""),
-                            outputs=model.answers), lambda: tree_cpu_seconds(triton_process)))
+                            outputs=model.answers), lambda: tree_cpu_seconds(triton_process),
+                            triton_batches(client, model.name)))
                 log.info("triton: %s at %s sessions, sides %s", ref, bench.counts.triton_sessions,
                          ", ".join(side.name for side in sides))
                 results["models"][task] = await compare_task(bench, pool, task, sides)
