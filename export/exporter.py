@@ -179,12 +179,12 @@ def light_graph_threads(path: Path, graph: Graph) -> int:
     return 1 if one < POOL_SPEEDUP * pool else 0
 
 
-BATCH_SIZES = (8, 16, 32)  # the batch sizes a heavy graph is timed at (32: the service's largest CPU batch)
-BATCH_COST_MARGIN = 1.1  # a batch is worth its rows while each costs at most this much more than at the cheapest
+BATCH_SIZES = (4, 8, 16, 32)  # the batch sizes a heavy graph is timed at (32: the service's largest CPU batch)
+BATCH_TIMING_RUNS = 7  # calls timed at each size, taking turns: the median's noise stays below the sizes' differences
 
 
 def cpu_ms_per_row(path: Path, graph: Graph, threads: int, sizes: tuple[int, ...] = BATCH_SIZES,
-                   runs: int = 5) -> dict[int, float]:
+                   runs: int = BATCH_TIMING_RUNS) -> dict[int, float]:
     """CPU milliseconds per row of the written graph at each batch size in ``sizes``, on ``threads`` intra-op
     threads (0: ONNX Runtime's pool), not spinning: the process's CPU time (the pool's threads included), median of
     ``runs`` calls at each size, the sizes taking turns so that the machine's drift falls on all alike. The inputs
@@ -204,11 +204,10 @@ def cpu_ms_per_row(path: Path, graph: Graph, threads: int, sizes: tuple[int, ...
 
 
 def batch_cap(ms_per_row: dict[int, float]) -> int | None:
-    """The largest batch size whose row costs at most :data:`BATCH_COST_MARGIN` times the cheapest row's; None when
-    that is the largest size timed (no cap)."""
-    cheapest = min(ms_per_row.values())
-    largest = max(size for size, ms in ms_per_row.items() if ms <= BATCH_COST_MARGIN * cheapest)
-    return None if largest == max(ms_per_row) else largest
+    """The batch size whose row costs least (the larger of two that cost the same); None when that is the largest
+    size timed (no cap)."""
+    cheapest = min(ms_per_row, key=lambda size: (ms_per_row[size], -size))
+    return None if cheapest == max(ms_per_row) else cheapest
 
 
 def cpu_batch_cap(path: Path, graph: Graph, threads: int) -> tuple[int | None, dict[int, float] | None]:
@@ -216,11 +215,12 @@ def cpu_batch_cap(path: Path, graph: Graph, threads: int) -> tuple[int | None, d
     by batch size (None: not timed).
 
     Only a heavy graph is timed (not light: ``threads`` 0), with inputs shaped as served, and never a decode graph or
-    one served far larger than sampled. Its batches are capped where rows cost more past it: a step whose
-    intermediate tensors outgrow the CPU's caches at large batches (an RMT segment on a 2-core AMD EPYC: 55.0 and
-    57.9 ms of CPU a row at 8 and 16 rows, 69.4 at 32, capped at 16; on another 2-core machine flat to 16 and 5-7 %
-    more at 32, not capped). A light graph's batch is not capped: around its step, each batch costs the service a
-    round trip to Redis and a hand-off, which a larger batch shares.
+    one served far larger than sampled. Its batches stop at the size whose row costs least: on a CPU a heavy step's
+    batch buys nothing but a cheaper row (the same rows in two half batches take as long in all, and the first
+    half's answers come sooner), and a step whose intermediate tensors outgrow the CPU's caches costs more a row past
+    some size (an RMT segment on a 2-core AMD EPYC: 18.4, 19.2, 20.6 and 21.4 ms of CPU a row at 4, 8, 16 and 32
+    rows). A light graph's batch is not capped: around its step, each batch costs the service a round trip to Redis
+    and a hand-off, which a larger batch shares.
 
     Timed here, on the exporting machine (:func:`cpu_ms_per_row`), as the threads are: what to use when the
     exporting machine is the serving one and idle; RTSERVE_MODEL_MAX_BATCH_SIZES overrides it."""

@@ -190,17 +190,18 @@ def test_a_light_graph_runs_on_one_thread_unless_a_setting_says_otherwise(foreca
 
 
 def test_a_heavy_graph_s_cpu_batches_stop_where_its_rows_cost_more(tiny_models, monkeypatch, tmp_path):
-    """The export times a heavy graph's CPU per row at batches of 8, 16 and 32 (inputs shaped as served) and caps its
-    CPU batch at the largest size whose row costs at most a tenth more than the cheapest; loaded on a CPU its batcher
-    stops there, unless the model's RTSERVE_MODEL_MAX_BATCH_SIZES entry says otherwise."""
+    """The export times a heavy graph's CPU per row at batches of 4, 8, 16 and 32 (inputs shaped as served) and caps
+    its CPU batch at the size whose row costs least; loaded on a CPU its batcher stops there, unless the model's
+    RTSERVE_MODEL_MAX_BATCH_SIZES entry says otherwise."""
     from export import exporter
     from service.runtime.registry import load_model
     from service.settings import Settings
 
-    assert exporter.batch_cap({8: 56.0, 16: 58.9, 32: 66.7}) == 16  # a row at 32 costs 19 % more than at 8
-    assert exporter.batch_cap({8: 19.5, 16: 19.2, 32: 20.4}) is None  # within a tenth at 32: no cap
-    assert exporter.batch_cap({8: 1.0, 16: 1.2, 32: 1.3}) == 8
-    assert exporter.batch_cap({8: 2.0, 16: 1.0, 32: 1.05}) is None  # larger batches cheaper per row
+    assert exporter.batch_cap({4: 57.1, 8: 56.0, 16: 58.9, 32: 66.7}) == 8  # a row at 32 costs 19 % more than at 8
+    assert exporter.batch_cap({4: 20.1, 8: 19.5, 16: 19.2, 32: 20.4}) == 16
+    assert exporter.batch_cap({4: 18.4, 8: 19.2, 16: 20.6, 32: 21.4}) == 4
+    assert exporter.batch_cap({4: 3.0, 8: 2.0, 16: 1.0, 32: 1.0}) is None  # the larger of two that cost the same
+    assert exporter.batch_cap({4: 4.0, 8: 2.0, 16: 1.0, 32: 0.9}) is None  # larger batches cheaper per row
 
     servable = build_servable(tiny_models.checkpoint("rmt-tiny"))
     graph, entry = servable.graphs[0], tiny_models.entry("rmt-tiny")
@@ -217,14 +218,14 @@ def test_a_heavy_graph_s_cpu_batches_stop_where_its_rows_cost_more(tiny_models, 
 
     def timed(_path, timed_graph, threads):
         seen.append((timed_graph.name, threads))
-        return {8: 56.0, 16: 58.9, 32: 66.7}
+        return {4: 57.1, 8: 56.0, 16: 55.2, 32: 66.7}
 
     monkeypatch.setattr(exporter, "cpu_ms_per_row", timed)
     monkeypatch.setattr(exporter, "light_graph_threads", lambda _path, _graph: 0)
     entry = exporter.export_checkpoint(tiny_models.checkpoint("rsa-tiny"), tmp_path, formats=("onnx",))
     step = json.loads((entry / "manifest.json").read_text())["graphs"][0]
     assert seen == [("step", 0)] and step["cpu_max_batch_size"] == 16
-    assert step["cpu_ms_per_row"] == {"8": 56.0, "16": 58.9, "32": 66.7}
+    assert step["cpu_ms_per_row"] == {"4": 57.1, "8": 56.0, "16": 55.2, "32": 66.7}
 
     def largest(settings):
         model = load_model(entry, "onnx", settings)

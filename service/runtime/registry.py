@@ -189,8 +189,8 @@ def front_end_model(entry: Path, manifest: dict[str, Any], record: Family, setti
 
 
 def graph_batch_size(graph: Mapping[str, Any], max_batch_size: int, backend: str, device: str, pinned: bool) -> int:
-    """The largest batch of one graph: the model's, capped on a CPU where its export measured a row costing more in
-    larger batches (``cpu_max_batch_size``, export/exporter.py ``cpu_batch_cap``), unless the model's own
+    """The largest batch of one graph: the model's, capped on a CPU at the size whose row its export measured
+    cheapest (``cpu_max_batch_size``, export/exporter.py ``cpu_batch_cap``), unless the model's own
     RTSERVE_MODEL_MAX_BATCH_SIZES entry (``pinned``) says how large."""
     cap = graph.get("cpu_max_batch_size")
     if pinned or cap is None or backend != "onnx" or device != "cpu":
