@@ -112,6 +112,33 @@ def test_triton_serves_the_same_step_graph_and_both_sides_are_reported(forecast_
     assert "| mean batch |" in table
 
 
+def test_a_mean_batch_that_cannot_be_read_is_left_out_of_the_report():
+    """Neither server's count read (a service without /metrics, a Triton without its statistics extension): the
+    reading is 0, 0, the run has no mean batch, and its cell in the table is empty."""
+    import asyncio
+
+    from loadtest.bench_report import triton_section
+    from loadtest.harness import BenchError
+    from loadtest.scenarios.triton import rtserve_batches, triton_batches
+
+    class Refusing:
+        async def metrics(self):
+            raise BenchError("GET /metrics answered 404")
+
+        async def get_json(self, path):
+            raise BenchError(f"GET {path} answered 400")
+
+    assert asyncio.run(rtserve_batches(Refusing(), "m:1")()) == (0.0, 0.0)
+    assert asyncio.run(triton_batches(Refusing(), "m")()) == (0.0, 0.0)
+    figures = {"pieces_per_second": 10.0, "p50_ms": 1.0, "p99_ms": 2.0, "server_cpu_ms_per_piece": 0.5,
+               "client_cpu_ms_per_piece": 0.1}
+    run = {"queue_delays_ms": [0.0], "client_processes": 2, "cores": 2, "models": {"forecast": {
+        "model": "m:1", "sessions": {"16": {"sides": {"rtserve-ws": figures, "triton-0ms": figures | {
+            "mean_batch_size": 8.0}}, "ratios": {}, "answers_max_abs_difference": {}}}}}}
+    rows = [line for line in triton_section(run) if line.startswith("| m:1 |")]
+    assert [row.split(" | ")[8] for row in rows] == ["", "8"], rows
+
+
 def test_a_triton_request_carries_the_same_rows_or_text_as_the_rtserve_piece():
     rows = {"seq": 1, "rows": [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]}
     body = json.loads(triton_body(json.dumps(rows).encode(), Target("triton-http", "", "m", outputs=("forecast",)),

@@ -88,19 +88,27 @@ class Side:
 
 
 def rtserve_batches(client: Client, ref: str) -> Callable[[], Awaitable[tuple[float, float]]]:
-    """The rows and the steps of model ``ref``'s batches so far, from the service's ``/metrics``."""
+    """The rows and the steps of model ``ref``'s batches so far, from the service's ``/metrics`` (none read: 0, 0,
+    and the run's mean batch is not reported)."""
     async def read() -> tuple[float, float]:
-        samples = await client.metrics()
+        try:
+            samples = await client.metrics()
+        except BenchError:
+            return 0.0, 0.0
         return (metric_sum(samples, "rtserve_batch_size_sum", model=ref),
                 metric_sum(samples, "rtserve_batch_size_count", model=ref))
     return read
 
 
 def triton_batches(client: Client, model: str) -> Callable[[], Awaitable[tuple[float, float]]]:
-    """The requests and the executions of Triton's ``model`` so far, from its statistics extension."""
+    """The requests and the executions of Triton's ``model`` so far, from its statistics extension (none read: 0, 0,
+    and the run's mean batch is not reported)."""
     async def read() -> tuple[float, float]:
-        stats = (await client.get_json(f"/v2/models/{model}/stats"))["model_stats"][0]
-        return float(stats["inference_count"]), float(stats["execution_count"])
+        try:
+            stats = (await client.get_json(f"/v2/models/{model}/stats"))["model_stats"][0]
+            return float(stats["inference_count"]), float(stats["execution_count"])
+        except (BenchError, KeyError, IndexError, TypeError, ValueError):
+            return 0.0, 0.0
     return read
 
 
