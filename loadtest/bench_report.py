@@ -53,12 +53,16 @@ def machine_name(machine: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def without_trademarks(name: str) -> str:
+    """A CPU's or GPU's name without its trademark signs: ``Intel(R) Xeon(R)`` -> ``Intel Xeon``."""
+    return re.sub(r"\((R|TM)\)|[®™]", "", name, flags=re.IGNORECASE)
+
+
 def machine_slug(machine: Mapping[str, Any]) -> str:
     """File-name form of the machine: ``amd-epyc-2c``, ``intel-xeon-processor-2c`` (no trademark signs) or
     ``nvidia-h100-80gb-hbm3``."""
     name = machine["gpus"][0] if machine["gpus"] else f"{machine['cpu']} {machine['cores']}c"
-    name = re.sub(r"\((r|tm)\)|[®™]", "", name.lower())
-    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "machine"
+    return re.sub(r"[^a-z0-9]+", "-", without_trademarks(name).lower()).strip("-") or "machine"
 
 
 # ---- targets -------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtest.bench_report import without_trademarks
+
 TRITON, TRITON_BINARY = "triton-0ms", "triton-0ms-binary"
 CPU, RATE = "server_cpu_ms_per_piece", "pieces_per_second"
 COLUMNS = ("machine", "Triton CPU ms per RSA piece, 16 / 32", "CPU vs Triton, stream: 16 / 32",
@@ -46,7 +48,7 @@ def triton_cpu(model: Mapping[str, Any], sessions: int) -> float | None:
 def machine_label(report: Mapping[str, Any], path: Path) -> str:
     """``AMD EPYC #3``: the CPU (without its clock: the same model may report one or not), and the machine's number
     among the reports of that CPU (``-run3``; none: 1)."""
-    cpu = re.sub(r"\((R|TM)\)|[®™]|\bProcessor\b|@.*$", "", report["machine"]["cpu"])
+    cpu = re.sub(r"\bProcessor\b|@.*$", "", without_trademarks(report["machine"]["cpu"]))
     number = re.search(r"-run(\d+)$", path.stem)
     return f"{' '.join(cpu.split())} #{number.group(1) if number else 1}"
 
