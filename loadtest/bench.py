@@ -74,13 +74,16 @@ Protocol
    Every ratio is the median over the repeats of the ratio within a repeat, whose two runs were taken
    one right after the other (not the ratio of the two sides' medians, which pairs runs of different
    repeats: on a VM whose speed drifts by 20 % within minutes the two differ by as much).
-4. Stop the service (SIGTERM, wait), write the JSON and the markdown table, print the table.
+4. Stop the service (SIGTERM, wait), write the JSON and the markdown table, print the table. Before the service
+   starts and after it stops, the machine's pace is taken (:mod:`loadtest.machine_pace`: ten million Python
+   additions and the forecaster's step alone, CPU time each); the report gives both and says when they differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -106,6 +109,7 @@ from loadtest.harness import (
     server_environment,
     tree_cpu_seconds,
 )
+from loadtest.machine_pace import drift_note, pace
 from loadtest.metrics import SEGMENT_ROUTE_REDIS_OPERATIONS
 from loadtest.scenarios.classify import CLASSIFY_SCENARIOS, run_classify_scenarios
 from loadtest.scenarios.common import QUICK, Bench, Counts, attempt, why_not
@@ -138,6 +142,20 @@ def pick_models(described: list[dict[str, Any]], forecast_name: str) -> dict[str
         if candidates:
             chosen[task] = candidates[0]
     return chosen
+
+
+def forecaster_step(repository: Path, name: str) -> Path | None:
+    """The ONNX step graph of the forecaster the bench measures, as ``pick_models`` picks it (``name``, else the first
+    RSA forecaster), found in the repository before the service starts; None where it has none."""
+    entries = []
+    for manifest_path in sorted(repository.glob("*/*/manifest.json")):
+        manifest = json.loads(manifest_path.read_text())
+        step = next((graph for graph in manifest.get("graphs", []) if graph.get("name") == "step"), None)
+        if manifest.get("task") == "forecast" and step is not None and "onnx" in step.get("files", {}):
+            entries.append((manifest["name"] != name, manifest.get("family") != "rsa",
+                            manifest_path.parent / step["files"]["onnx"]))
+    named_or_rsa = [entry for entry in entries if not entry[0] or not entry[1]]
+    return min(named_or_rsa)[2] if named_or_rsa else None
 
 
 def service_settings(repository: Path) -> Any:
@@ -328,11 +346,17 @@ def main(argv: Sequence[str] | None = None, meter: EnergyMeter | None = None) ->
     counts = QUICK if options.quick else Counts()
     machine = machine_info(meter.names)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    step = forecaster_step(options.model_repository, options.forecast_model)
+    before = pace(step)  # how fast the machine runs, before and after (loadtest.machine_pace)
     try:
         measured = asyncio.run(measure(options, counts, meter))
     except BenchError as error:
         print(f"rtserve bench: {error}", file=sys.stderr)
         return 1
+    machine["pace"] = {"before": before, "after": pace(step)}
+    drifted = drift_note(before, machine["pace"]["after"])
+    if drifted:
+        measured["notes"].append(drifted)
     results = {
         "machine": machine,
         "command": " ".join(["rtserve bench", *(argv if argv is not None else sys.argv[1:])]),

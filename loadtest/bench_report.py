@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest.machine_pace import PIECE_ROWS, STEP_ROWS
+
 
 # ---- the machine ---------------------------------------------------------------------------------
 def cpu_model() -> str:
@@ -222,6 +224,7 @@ def markdown(results: Mapping[str, Any]) -> str:
         f"# rtserve bench — {machine_name(machine)}",
         "",
         f"Machine: {machine_name(machine)}; {machine['platform']}, Python {machine['python']}.",
+        *pace_lines(machine.get("pace")),
         f"Command: `{results['command']}` ({results['started_at']}, {results['repeats']} repeats, medians).",
         f"Models: {', '.join(f'{task} `{ref}`' for task, ref in results['models'].items())}.",
         f"Settings: {', '.join(f'{k}={v}' for k, v in results['settings'].items())}.",
@@ -239,6 +242,20 @@ def markdown(results: Mapping[str, Any]) -> str:
     notes += [f"- {name}: FAILED — {reason}" for name, reason in results.get("failed", {}).items()]
     notes += [f"- {note}" for note in results["notes"]]
     return "\n".join([*lines, "", *notes, ""]) if notes else "\n".join([*lines, ""])
+
+
+def pace_lines(pace: Mapping[str, Any] | None) -> list[str]:
+    """The machine's pace before and after the run (:mod:`loadtest.machine_pace`), as one line; none if not taken."""
+    if not pace:
+        return []
+    before, after = pace["before"], pace["after"]
+    line = (f"Pace, before / after the run: ten million Python additions {before['python_s']:.3g} / "
+            f"{after['python_s']:.3g} s of CPU")
+    if before.get("step_ms_per_row") is not None and after.get("step_ms_per_row") is not None:
+        line += (f"; the forecaster's step alone (ONNX Runtime, one thread, {STEP_ROWS} pieces of {PIECE_ROWS} rows "
+                 f"stacked) "
+                 f"{before['step_ms_per_row']:.3g} / {after['step_ms_per_row']:.3g} ms of CPU a row")
+    return [line + "."]
 
 
 def _ratios(row: Mapping[str, Any], side: str, key: str) -> str:

@@ -6,7 +6,8 @@ Each row is one report (one run, one machine: ``AMD EPYC #3`` is the report ``-r
 last: Triton's server CPU per RSA piece at 16 and 32 sessions (JSON rows; how fast the machine ran the same graph),
 then rtserve / Triton, as the report gives them (medians of its per-repeat ratios): server CPU per RSA piece over a
 stream, with binary row frames and over HTTP; RSA pieces/s over a stream at 32 sessions (binary frames after the
-slash); server CPU per RMT piece over a stream.
+slash); server CPU per RMT piece over a stream; the machine's pace before and after the run, where the report took it
+(:mod:`loadtest.machine_pace`: ten million Python additions, and the forecaster's step alone, CPU time each).
 The last line gives each ratio's range over the reports. Reports without the Triton side are left out, and named.
 """
 
@@ -28,7 +29,8 @@ TRITON, TRITON_BINARY = "triton-0ms", "triton-0ms-binary"
 CPU, RATE = "server_cpu_ms_per_piece", "pieces_per_second"
 COLUMNS = ("machine", "Triton CPU ms per RSA piece, 16 / 32", "CPU vs Triton, stream: 16 / 32",
            "binary stream: 16 / 32", "HTTP: 16 / 32", "pieces/s vs Triton at 32, stream / binary",
-           "RMT CPU vs Triton, stream: 16 / 32")
+           "RMT CPU vs Triton, stream: 16 / 32", "pace: Python s, before / after",
+           "pace: step ms a row, before / after")
 
 
 def ratio(model: Mapping[str, Any], sessions: int, side: str, key: str) -> float | None:
@@ -66,11 +68,19 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any] | None:
         "http": (ratio(rsa, 16, "rtserve-http", CPU), ratio(rsa, 32, "rtserve-http", CPU)),
         "rate": (ratio(rsa, 32, "rtserve-ws", RATE), ratio(rsa, 32, "rtserve-ws-binary", RATE)),
         "rmt": (ratio(rmt, 16, "rtserve-ws", CPU), ratio(rmt, 32, "rtserve-ws", CPU)),
+        "python_s": paces(report, "python_s"),
+        "step_ms": paces(report, "step_ms_per_row"),
     }
 
 
-def pair(values: Sequence[float | None]) -> str:
-    return " / ".join("–" if value is None else f"{value:.2f}" for value in values)
+def paces(report: Mapping[str, Any], key: str) -> tuple[float | None, float | None]:
+    """The machine's pace ``key`` before and after the run; None where the report did not take it."""
+    pace = report["machine"].get("pace") or {}
+    return (pace.get("before") or {}).get(key), (pace.get("after") or {}).get(key)
+
+
+def pair(values: Sequence[float | None], digits: int = 2) -> str:
+    return " / ".join("–" if value is None else f"{value:.{digits}f}" for value in values)
 
 
 def span(rows: list[dict[str, Any]], key: str) -> str:
@@ -95,7 +105,8 @@ def table(reports: Sequence[Path], links_from: Path | None = None) -> str:
     for row in rows:
         name = f"[{row['machine']}]({row['link']})" if row["link"] else f"{row['machine']} ({row['report']})"
         cells = [name, pair(row["triton_cpu"]), pair(row["stream"]), pair(row["binary"]),
-                 pair(row["http"]), pair(row["rate"]), pair(row["rmt"])]
+                 pair(row["http"]), pair(row["rate"]), pair(row["rmt"]), pair(row["python_s"]),
+                 pair(row["step_ms"], digits=3)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *textwrap.wrap(
         f"{len(rows)} reports. Ranges: over a stream {span(rows, 'stream')}, with binary frames "

@@ -80,11 +80,14 @@ def test_quick_bench_reports_every_scenario_with_positive_figures_and_writes_the
     assert "service / floor server CPU per piece" in out_md.read_text()
 
     assert report["machine"]["cores"] >= 1 and report["machine"]["cpu"]
+    for moment in ("before", "after"):  # the machine's pace: the interpreter, and the tiny RSA's step alone
+        assert all(_finite_positive(value) for value in report["machine"]["pace"][moment].values()), moment
     assert report["settings"]["intra_op_threads"] == 1 and report["settings"]["redis"] == "embedded"
     checked = [row for row in report["targets"] if row["checked_here"]]
     assert checked and all(_finite_positive(row["value"]) for row in checked), checked
     table = out_md.read_text()
     assert "| metric | value | target | holds |" in table and report["machine"]["cpu"] in table
+    assert "Pace, before / after the run: ten million Python additions" in table
     assert "e2e / step, 1 session" in table and "| metric | value | target | holds |" in result.stdout
 
 

@@ -24,29 +24,32 @@ def rsa_row(triton_cpu: float, stream: float, binary: float, http: float, rate: 
     }
 
 
-def report(path: Path, cpu: str, triton_cpu: float, stream: float, with_rmt: bool = True) -> Path:
+def report(path: Path, cpu: str, triton_cpu: float, stream: float, with_rmt: bool = True,
+           pace: dict | None = None) -> Path:
     models = {"forecast": {"sessions": {"16": rsa_row(triton_cpu, stream, 0.7, 1.1, 1.2),
                                         "32": rsa_row(triton_cpu, stream + 0.05, 0.75, 1.2, 1.3)}}}
     if with_rmt:
         models["classify"] = {"sessions": {
             count: {"sides": {}, "ratios": {"rtserve-ws/triton-0ms": {"server_cpu_ms_per_piece": value}}}
             for count, value in (("16", 0.98), ("32", 1.04))}}
-    path.write_text(json.dumps({"machine": {"cpu": cpu, "cores": 2, "platform": "Linux", "python": "3.11"},
-                                "scenarios": {"triton": {"models": models}}}))
+    machine = {"cpu": cpu, "cores": 2, "platform": "Linux", "python": "3.11"} | ({"pace": pace} if pace else {})
+    path.write_text(json.dumps({"machine": machine, "scenarios": {"triton": {"models": models}}}))
     return path
 
 
 def test_one_row_per_report_fastest_machine_first_with_the_ratios_the_targets_read(tmp_path):
-    slow = report(tmp_path / "bench-amd-epyc-2c-run3.json", "AMD EPYC", 1.2, 0.95)
+    slow = report(tmp_path / "bench-amd-epyc-2c-run3.json", "AMD EPYC", 1.2, 0.95,
+                  pace={"before": {"python_s": 1.97, "step_ms_per_row": 0.25},
+                        "after": {"python_s": 0.88, "step_ms_per_row": None}})
     fast = report(tmp_path / "bench-intel-xeon-processor-2c.json", "Intel(R) Xeon(R) Processor", 0.4, 0.75,
                   with_rmt=False)
     sweep = tmp_path / "bench-sweep.json"
     sweep.write_text(json.dumps({"machine": {"cpu": "x", "cores": 2}, "scenarios": {"sweep": {}}}))
     lines = bench_runs.table([slow, sweep, fast], links_from=tmp_path).splitlines()
     assert lines[2] == ("| [Intel Xeon #1](bench-intel-xeon-processor-2c.md) | 0.40 / 0.40 | 0.75 / 0.80 | 0.70 / 0.75 "
-                        "| 1.10 / 1.20 | 1.30 / 1.40 | – / – |")
+                        "| 1.10 / 1.20 | 1.30 / 1.40 | – / – | – / – | – / – |")
     assert lines[3] == ("| [AMD EPYC #3](bench-amd-epyc-2c-run3.md) | 1.20 / 1.20 | 0.95 / 1.00 | 0.70 / 0.75 "
-                        "| 1.10 / 1.20 | 1.30 / 1.40 | 0.98 / 1.04 |")
+                        "| 1.10 / 1.20 | 1.30 / 1.40 | 0.98 / 1.04 | 1.97 / 0.88 | 0.250 / – |")
     summary = " ".join(lines[5:-1])
     assert "2 reports. Ranges: over a stream 0.75-1.00, with binary frames 0.70-0.75" in summary
     assert "RMT over a stream 0.98-1.04" in summary and all(len(line) <= 120 for line in lines[5:])
