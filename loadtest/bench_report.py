@@ -253,8 +253,7 @@ def pace_lines(pace: Mapping[str, Any] | None) -> list[str]:
             f"{after['python_s']:.3g} s of CPU")
     if before.get("step_ms_per_row") is not None and after.get("step_ms_per_row") is not None:
         line += (f"; the forecaster's step alone (ONNX Runtime, one thread, {STEP_ROWS} pieces of {PIECE_ROWS} rows "
-                 f"stacked) "
-                 f"{before['step_ms_per_row']:.3g} / {after['step_ms_per_row']:.3g} ms of CPU a row")
+                 f"stacked) {before['step_ms_per_row']:.3g} / {after['step_ms_per_row']:.3g} ms of CPU a row")
     return [line + "."]
 
 

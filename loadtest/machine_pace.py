@@ -5,11 +5,12 @@ CPU at one hour and 0.80-0.88 s the next. The ratios of two servers measured sid
 milliseconds do not. ``rtserve bench`` takes the pace before its scenarios and after them, so that its report says
 how fast its machine ran, and whether that moved during the run:
 
-- ``python_s``: the CPU seconds of :data:`PYTHON_ADDITIONS` additions in a Python loop, in the bench's process (what
-  a server's Python around a step costs scales with it);
+- ``python_s``: the CPU seconds of :data:`PYTHON_ADDITIONS` additions in a Python loop, in the bench's process: the
+  interpreter alone, in a loop that fits the first-level cache (on that machine the loop's fastest hour was not its
+  servers' fastest, as a neighbour taking the host's caches or memory bandwidth would do);
 - ``step_ms_per_row``: the CPU milliseconds a row of the forecaster's step graph costs, :data:`STEP_ROWS` sessions'
   pieces of :data:`PIECE_ROWS` rows stacked, on ONNX Runtime with one thread, not spinning, the median of
-  :data:`STEP_CALLS` calls (what both servers' step costs scales with). None without the graph.
+  :data:`STEP_CALLS` calls (the step both servers run). None without the graph.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 import numpy as np
 
 PYTHON_ADDITIONS = 10_000_000
-STEP_ROWS = 16  # sessions stacked in a step: a batch both servers reach at 16 and 32 sessions
-PIECE_ROWS = 24  # rows of a piece, every axis of a step's input but the batch that the graph leaves open
+STEP_ROWS = 16  # sessions stacked in a step: the batch of rtserve's streams at 16 sessions
+PIECE_ROWS = 24  # a piece's rows (the bench's RSA pieces): the size of every open axis of the inputs but the batch
 STEP_CALLS = 100
 DRIFT = 0.15  # a pace that moved by more than this during the run is said in the report
 
