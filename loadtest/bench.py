@@ -146,14 +146,15 @@ def pick_models(described: list[dict[str, Any]], forecast_name: str) -> dict[str
 
 def forecaster_step(repository: Path, name: str) -> Path | None:
     """The ONNX step graph of the forecaster the bench measures, as ``pick_models`` picks it (``name``, else the first
-    RSA forecaster), found in the repository before the service starts; None where it has none."""
+    RSA forecaster), found in the repository before the service starts; None where it has none (or its file is
+    missing)."""
     entries = []
     for manifest_path in sorted(repository.glob("*/*/manifest.json")):
         manifest = json.loads(manifest_path.read_text())
         step = next((graph for graph in manifest.get("graphs", []) if graph.get("name") == "step"), None)
-        if manifest.get("task") == "forecast" and step is not None and "onnx" in step.get("files", {}):
-            entries.append((manifest["name"] != name, manifest.get("family") != "rsa",
-                            manifest_path.parent / step["files"]["onnx"]))
+        onnx = manifest_path.parent / step["files"]["onnx"] if step and "onnx" in step.get("files", {}) else None
+        if manifest.get("task") == "forecast" and onnx is not None and onnx.is_file():  # a carried copy may lack it
+            entries.append((manifest["name"] != name, manifest.get("family") != "rsa", onnx))
     named_or_rsa = [entry for entry in entries if not entry[0] or not entry[1]]
     return min(named_or_rsa)[2] if named_or_rsa else None
 

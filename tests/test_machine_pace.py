@@ -20,10 +20,19 @@ def test_the_pace_times_the_interpreter_and_the_forecasters_step_in_cpu_time(for
     assert machine_pace.step_ms_per_row(step, rows=16, calls=5) < 16 * cost
 
 
-def test_a_repository_without_a_forecaster_gives_the_interpreters_pace_alone(classify_repository):
+def test_a_repository_without_a_forecaster_gives_the_interpreters_pace_alone(classify_repository, tmp_path):
     folder, _ = classify_repository
     assert forecaster_step(folder, "rsa-etth1-h24") is None
     assert machine_pace.pace(None)["step_ms_per_row"] is None
+    # a forecaster whose graph file is missing (a carried copy) or unreadable: the step is left out, the run goes on
+    entry = tmp_path / "rsa-carried" / "1"
+    entry.mkdir(parents=True)
+    (entry / "manifest.json").write_text(json.dumps({"name": "rsa-carried", "task": "forecast", "family": "rsa",
+                                                     "graphs": [{"name": "step", "files": {"onnx": "step.onnx"}}]}))
+    assert forecaster_step(tmp_path, "rsa-carried") is None
+    (entry / "step.onnx").write_bytes(b"not a graph")
+    assert forecaster_step(tmp_path, "rsa-carried") == entry / "step.onnx"
+    assert machine_pace.pace(entry / "step.onnx")["step_ms_per_row"] is None
 
 
 def test_a_pace_that_moved_during_the_run_is_said_and_one_that_held_is_not():
