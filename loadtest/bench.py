@@ -145,18 +145,16 @@ def pick_models(described: list[dict[str, Any]], forecast_name: str) -> dict[str
 
 
 def forecaster_step(repository: Path, name: str) -> Path | None:
-    """The ONNX step graph of the forecaster the bench measures, as ``pick_models`` picks it (``name``, else the first
-    RSA forecaster), found in the repository before the service starts; None where it has none (or its file is
-    missing)."""
-    entries = []
-    for manifest_path in sorted(repository.glob("*/*/manifest.json")):
-        manifest = json.loads(manifest_path.read_text())
-        step = next((graph for graph in manifest.get("graphs", []) if graph.get("name") == "step"), None)
-        onnx = manifest_path.parent / step["files"]["onnx"] if step and "onnx" in step.get("files", {}) else None
-        if manifest.get("task") == "forecast" and onnx is not None and onnx.is_file():  # a carried copy may lack it
-            entries.append((manifest["name"] != name, manifest.get("family") != "rsa", onnx))
-    named_or_rsa = [entry for entry in entries if not entry[0] or not entry[1]]
-    return min(named_or_rsa)[2] if named_or_rsa else None
+    """The ONNX step graph of the forecaster the bench measures (:func:`pick_models`' choice among the repository's
+    manifests), found before the service starts; None where it has none, or its file is missing (a carried copy)."""
+    manifests = [json.loads(path.read_text()) | {"entry": path.parent}
+                 for path in sorted(repository.glob("*/*/manifest.json"))]
+    chosen = pick_models(manifests, name).get("forecast")
+    step = next((graph for graph in chosen.get("graphs", []) if graph.get("name") == "step"), None) if chosen else None
+    if step is None or "onnx" not in step.get("files", {}):
+        return None
+    path = chosen["entry"] / step["files"]["onnx"]
+    return path if path.is_file() else None
 
 
 def service_settings(repository: Path) -> Any:

@@ -44,12 +44,9 @@ def python_seconds(additions: int = PYTHON_ADDITIONS) -> float:
 
 def step_ms_per_row(step: Path, rows: int = STEP_ROWS, calls: int = STEP_CALLS) -> float:
     """CPU milliseconds a row of the graph at ``step`` costs at a batch of ``rows`` (the module's docstring)."""
-    import onnxruntime as ort
+    from service.runtime.backends import onnx_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(step), options, providers=["CPUExecutionProvider"])
+    session = onnx_session(step, intra_op_threads=1)  # as the service opens a light graph on a CPU
     generator = np.random.default_rng(0)
     feed = {}
     for node in session.get_inputs():
