@@ -147,8 +147,10 @@ def pick_models(described: list[dict[str, Any]], forecast_name: str) -> dict[str
 def forecaster_step(repository: Path, name: str) -> Path | None:
     """The ONNX step graph of the forecaster the bench measures (:func:`pick_models`' choice among the repository's
     manifests), found before the service starts; None where it has none, or its file is missing (a carried copy)."""
-    manifests = [json.loads(path.read_text()) | {"entry": path.parent}
-                 for path in sorted(repository.glob("*/*/manifest.json"))]
+    from service.runtime.registry import discover  # the entries as the service finds them
+
+    manifests = [json.loads((entry / "manifest.json").read_text()) | {"entry": entry}
+                 for versions in discover(repository).values() for entry in versions.values()]
     chosen = pick_models(manifests, name).get("forecast")
     step = next((graph for graph in chosen.get("graphs", []) if graph.get("name") == "step"), None) if chosen else None
     if step is None or "onnx" not in step.get("files", {}):
@@ -352,8 +354,9 @@ def main(argv: Sequence[str] | None = None, meter: EnergyMeter | None = None) ->
     except BenchError as error:
         print(f"rtserve bench: {error}", file=sys.stderr)
         return 1
-    machine["pace"] = {"before": before, "after": pace(step)}
-    drifted = drift_note(before, machine["pace"]["after"])
+    after = pace(step)
+    machine["pace"] = {"before": before, "after": after}
+    drifted = drift_note(before, after)
     if drifted:
         measured["notes"].append(drifted)
     results = {
